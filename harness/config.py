@@ -1,0 +1,300 @@
+"""The experiment file: its schema, and loading it with errors that name file, line and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harness import yamlsrc
+from harness.engines import ENGINE_NAMES, options_model
+from harness.errors import ConfigError
+from harness.prompts import PromptSet, load_prompt_set, prompt_set_from_inline
+
+#: Matrix axes, in display order. Row columns holding settings carry exactly these names.
+AXES: tuple[str, ...] = (
+    "model",
+    "engine",
+    "dtype",
+    "gpu",
+    "batch_invariant",
+    "batch_size",
+    "seed",
+    "temperature",
+    "top_p",
+    "top_k",
+)
+
+DTYPE_ALIASES = {
+    "auto": "auto",
+    "f32": "f32",
+    "float32": "f32",
+    "fp32": "f32",
+    "f16": "f16",
+    "float16": "f16",
+    "fp16": "f16",
+    "half": "f16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+}
+
+
+def _as_list(value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+class Matrix(Strict):
+    """Each axis is a list of values (a single value is read as a one-item list)."""
+
+    model: list[str] = Field(min_length=1)
+    engine: list[str] = Field(default=["llamacpp"], min_length=1)
+    dtype: list[str] = Field(default=["auto"], min_length=1)
+    gpu: list[str] = Field(default=["any"], min_length=1)
+    batch_invariant: list[bool] = Field(default=[False], min_length=1)
+    batch_size: list[int] = Field(default=[1], min_length=1)
+    seed: list[int] = Field(default=[0], min_length=1)
+    temperature: list[float] = Field(default=[0.0], min_length=1)
+    top_p: list[float] = Field(default=[1.0], min_length=1)
+    top_k: list[int] = Field(default=[0], min_length=1)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _wrap(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if value not in ENGINE_NAMES:
+                raise ValueError(f"unknown engine '{value}'; allowed: {', '.join(ENGINE_NAMES)}")
+        return values
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, values: list[str]) -> list[str]:
+        out = []
+        for value in values:
+            canonical = DTYPE_ALIASES.get(str(value).lower())
+            if canonical is None:
+                allowed = ", ".join(sorted(set(DTYPE_ALIASES.values())))
+                raise ValueError(f"unknown dtype '{value}'; allowed: {allowed}")
+            out.append(canonical)
+        return out
+
+    @field_validator("batch_size")
+    @classmethod
+    def _positive_batch(cls, values: list[int]) -> list[int]:
+        for value in values:
+            if value < 1 or value > 1024:
+                raise ValueError(f"batch_size {value} is out of range; allowed: 1 to 1024")
+        return values
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, values: list[float]) -> list[float]:
+        for value in values:
+            if value < 0:
+                raise ValueError(f"temperature {value} is negative; allowed: 0 (greedy) or more")
+        return values
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, values: list[float]) -> list[float]:
+        for value in values:
+            if not 0 < value <= 1:
+                raise ValueError(f"top_p {value} is out of range; allowed: 0 < top_p <= 1")
+        return values
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, values: list[int]) -> list[int]:
+        for value in values:
+            if value < 0:
+                raise ValueError(f"top_k {value} is negative; allowed: 0 (off) or more")
+        return values
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, values: list[int]) -> list[int]:
+        for value in values:
+            if not 0 <= value < 2**32:
+                raise ValueError(f"seed {value} is out of range; allowed: 0 to 2**32-1")
+        return values
+
+    @field_validator("gpu", "model")
+    @classmethod
+    def _non_empty(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not str(value).strip():
+                raise ValueError("empty name; give a model name or path / a GPU type, 'any' or 'cpu'")
+        return values
+
+
+class PromptSpec(Strict):
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    text: str = Field(min_length=1)
+
+
+class Experiment(Strict):
+    """A validated experiment: what to run, how often, and with which engine options."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    prompts: str | list[PromptSpec]
+    fillers: list[str] | None = None
+    repeats: int = Field(default=1, ge=1, le=100_000)
+    max_tokens: int = Field(default=128, ge=1, le=32_768)
+    filler_seed: int = Field(default=0, ge=0)
+    matrix: Matrix
+    include: list[dict[str, Any]] = []
+    exclude: list[dict[str, Any]] = []
+    engine_options: dict[str, dict[str, Any]] = {}
+
+    @field_validator("engine_options")
+    @classmethod
+    def _options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for engine in value:
+            if engine not in ENGINE_NAMES:
+                raise ValueError(f"options for unknown engine '{engine}'; allowed: {', '.join(ENGINE_NAMES)}")
+        return value
+
+
+class LoadedExperiment(BaseModel):
+    """An experiment plus what it needs from disk: its path and resolved prompt set."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    experiment: Experiment
+    path: Path
+    prompt_set: PromptSet
+    engine_options: dict[str, dict[str, Any]]
+    #: the include/exclude entries, validated and canonical
+    include: list[dict[str, Any]]
+    exclude: list[dict[str, Any]]
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptSpec]'."""
+    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in {"str", "function-after"})))
+
+
+def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tuple = ()) -> str:
+    lines = []
+    seen = set()
+    for err in exc.errors():
+        loc = prefix + _clean_loc(tuple(err["loc"]))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+            if len(loc) >= 1 and loc[0] == "matrix":
+                msg += f"; allowed axes: {', '.join(AXES)}"
+        elif err["type"] == "too_short":
+            msg = "empty list; give at least one value"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        msg = msg.removeprefix("Value error, ")
+        key = (loc, msg)
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(f"{source.where(loc)}: {_format_loc(loc)}: {msg}")
+    return "\n".join(lines)
+
+
+def _check_entries(
+    source: yamlsrc.Source, section: str, entries: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Validate include/exclude entries: keys are axes, values pass the axis' own checks."""
+    out = []
+    for index, entry in enumerate(entries):
+        loc = (section, index)
+        if not entry:
+            raise ConfigError(f"{source.where(loc)}: {section}[{index}]: empty entry")
+        unknown = [k for k in entry if k not in AXES]
+        if unknown:
+            raise ConfigError(
+                f"{source.where(loc + (unknown[0],))}: {section}[{index}].{unknown[0]}: "
+                f"unknown axis; allowed: {', '.join(AXES)}"
+            )
+        probe = {"model": ["x"], **{k: [v] for k, v in entry.items()}}
+        try:
+            checked = Matrix.model_validate(probe)
+        except ValidationError as exc:
+            raise ConfigError(_validation_message(source, exc, prefix=(section, index))) from None
+        out.append({k: getattr(checked, k)[0] for k in entry})
+    return out
+
+
+def load_experiment(path: Path | str) -> LoadedExperiment:
+    """Load and fully validate an experiment file; raises ConfigError naming file:line and field."""
+    path = Path(path)
+    source = yamlsrc.load(path)
+    if not isinstance(source.data, dict):
+        raise ConfigError(f"{path}: expected a mapping with keys such as name, prompts, matrix")
+    try:
+        experiment = Experiment.model_validate(source.data)
+    except ValidationError as exc:
+        raise ConfigError(_validation_message(source, exc)) from None
+
+    engine_options: dict[str, dict[str, Any]] = {}
+    for engine in ENGINE_NAMES:
+        raw = experiment.engine_options.get(engine, {}) or {}
+        try:
+            engine_options[engine] = options_model(engine).model_validate(raw).model_dump()
+        except ValidationError as exc:
+            raise ConfigError(
+                _validation_message(source, exc, prefix=("engine_options", engine))
+            ) from None
+
+    base = path.parent
+    if isinstance(experiment.prompts, str):
+        prompt_set = load_prompt_set(experiment.prompts, base, where=source.where(("prompts",)))
+        if experiment.fillers is not None:
+            prompt_set = prompt_set.with_fillers(experiment.fillers)
+    else:
+        prompt_set = prompt_set_from_inline(
+            [(p.id, p.text) for p in experiment.prompts], experiment.fillers or []
+        )
+        ids = [p.id for p in experiment.prompts]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ConfigError(f"{source.where(('prompts',))}: prompts: duplicate id(s) {', '.join(dupes)}")
+
+    include = _check_entries(source, "include", experiment.include)
+    exclude = _check_entries(source, "exclude", experiment.exclude)
+
+    largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
+    if largest > 1 and not prompt_set.fillers:
+        raise ConfigError(
+            f"{source.where(('matrix', 'batch_size'))}: matrix.batch_size: batch size {largest} "
+            "needs fillers (the other requests of a batch); add a 'fillers' list or use a prompt "
+            "file that has one"
+        )
+    return LoadedExperiment(
+        experiment=experiment,
+        path=path.resolve(),
+        prompt_set=prompt_set,
+        engine_options=engine_options,
+        include=include,
+        exclude=exclude,
+    )

@@ -1,0 +1,102 @@
+"""The small interface every engine implements: load once, generate batches, close."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class EngineOptions(BaseModel):
+    """Base for per-engine options: unknown keys are errors, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Unsupported(Exception):
+    """The engine refuses a setting; cells become rows with status 'unsupported'."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything that needs a fresh engine load (one engine process serves a group)."""
+
+    engine: str
+    model: str
+    dtype: str
+    gpu: str
+    batch_invariant: bool
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_tokens: int
+
+
+@dataclass
+class SequenceOutput:
+    """What one sequence of a batch produced. Per-step lists align with token_ids."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[float] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+
+
+@dataclass
+class BatchOutput:
+    """Outputs for the batch members that were asked for, plus timings in seconds."""
+
+    target: SequenceOutput
+    prompt_tokens: int
+    prefill_s: float
+    ttft_s: float
+    target_s: float
+    wall_s: float
+    batch_generated_tokens: int
+
+
+Log = Callable[[str], None]
+
+
+class Engine(ABC):
+    """An inference engine held open for one group of cells.
+
+    A new engine is one new module defining a subclass and `ENGINE = Subclass`.
+    """
+
+    name: ClassVar[str]
+    Options: ClassVar[type[EngineOptions]]
+
+    @classmethod
+    def refusal(cls, spec: LoadSpec) -> str | None:
+        """A reason this engine will not run `spec`, known before loading; None if it may."""
+        return None
+
+    @abstractmethod
+    def __init__(self, spec: LoadSpec, log: Log) -> None: ...
+
+    @abstractmethod
+    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+        """Run one batch together; return the output of prompts[target] in detail."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Versions and settings actually in force, recorded in every row."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,308 @@
+"""llama.cpp in-process, decoding N sequences together the way llama-server's slots do.
+
+One context with n_seq_max = N; the target prompt and its N-1 fillers are prefilled
+together and then advanced with one llama_decode per step for all live sequences.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from harness import models
+from harness.engines.base import (
+    BatchOutput,
+    Engine,
+    EngineOptions,
+    LoadSpec,
+    Log,
+    Sampling,
+    SequenceOutput,
+    Unsupported,
+)
+
+
+class LlamaCppOptions(EngineOptions):
+    n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to a GPU; -1 = all")
+    n_threads: int | None = Field(None, ge=1, description="decode threads; default: all cores")
+    n_threads_batch: int | None = Field(None, ge=1, description="prefill threads; default: n_threads")
+    n_batch: int = Field(2048, ge=1, description="logical batch (tokens per llama_decode call)")
+    n_ubatch: int = Field(512, ge=1, description="physical micro-batch")
+    n_ctx: int | None = Field(None, ge=16, description="context per sequence; default: fits prompt + max_tokens")
+    flash_attn: Literal["auto", "on", "off"] = "auto"
+    kv_unified: bool = False
+    ignore_eos: bool = False
+    use_mmap: bool = True
+    verbose: bool = Field(False, description="show llama.cpp's own log lines")
+
+
+_FLASH = {"auto": -1, "off": 0, "on": 1}
+
+
+def _log_softmax_at(logits: np.ndarray, token: int) -> tuple[float, float]:
+    """The chosen token's log-probability and the top-1 minus top-2 logit margin."""
+    top = logits.max()
+    logprob = float(logits[token] - top - np.log(np.exp(logits - top).sum()))
+    two = np.partition(logits, -2)[-2:]
+    return logprob, float(two[1] - two[0])
+
+
+class LlamaCppEngine(Engine):
+    name = "llamacpp"
+    Options = LlamaCppOptions
+
+    @classmethod
+    def refusal(cls, spec: LoadSpec) -> str | None:
+        if spec.batch_invariant:
+            return (
+                "llama.cpp has no batch-invariant mode; its results may depend on slot count "
+                "and batch size"
+            )
+        if spec.dtype not in ("auto",) + models.GGUF_DTYPES:
+            return f"llama.cpp engine cannot use dtype '{spec.dtype}'"
+        return None
+
+    def __init__(self, spec: LoadSpec, log: Log, base: os.PathLike | None = None) -> None:
+        import llama_cpp as ll  # imported here so that `plan` and `summarize` never need it
+
+        logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if spec.options.get("verbose") else logging.ERROR)
+        self._ll = ll
+        self.spec = spec
+        self.opts = LlamaCppOptions.model_validate(spec.options)
+        source = models.resolve_gguf(spec.model, base)
+        self.model_path = models.gguf_in_dtype(source, spec.dtype, log)
+        self.model_sha256 = models.file_sha256(self.model_path)
+        ll.llama_backend_init()
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0 if spec.gpu == "cpu" else self.opts.n_gpu_layers
+        mparams.use_mmap = self.opts.use_mmap
+        self._model = ll.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        if not self._model:
+            raise Unsupported(f"llama.cpp could not load {self.model_path}")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_threads = self.opts.n_threads or os.cpu_count() or 1
+        self._template = ll.llama_model_chat_template(self._model, None)
+        self._contexts: dict[tuple[int, int], Any] = {}
+        self._batch = None
+        self._batch_cap = 0
+
+    # -- text <-> tokens ------------------------------------------------------------
+    def chat(self, text: str) -> str:
+        """Apply the model's own chat template to a single user message."""
+        ll = self._ll
+        if not self._template:
+            return text
+        msg = (ll.llama_chat_message * 1)()
+        msg[0].role = b"user"
+        msg[0].content = text.encode()
+        size = 4 * len(text) + 1024
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = ll.llama_chat_apply_template(self._template, msg, 1, True, buf, size)
+            if n < 0:
+                return text
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n + 1
+
+    def tokenize(self, text: str) -> list[int]:
+        ll = self._ll
+        data = text.encode()
+        cap = len(data) + 16
+        out = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), out, cap, True, True)
+        if n < 0:
+            cap = -n
+            out = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), out, cap, True, True)
+        return list(out[:n])
+
+    def detokenize(self, tokens: list[int]) -> str:
+        ll = self._ll
+        buf = ctypes.create_string_buffer(256)
+        pieces = []
+        for tok in tokens:
+            n = ll.llama_token_to_piece(self._vocab, tok, buf, 256, 0, False)
+            pieces.append(buf.raw[: max(n, 0)])
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    # -- contexts and batches ---------------------------------------------------------
+    def _context(self, n_seq: int, per_seq: int) -> Any:
+        key = (n_seq, per_seq)
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            return ctx
+        for old in self._contexts.values():  # one live context at a time keeps memory flat
+            self._ll.llama_free(old)
+        self._contexts.clear()
+        ll = self._ll
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_seq * per_seq
+        params.n_seq_max = n_seq
+        params.n_batch = self.opts.n_batch
+        params.n_ubatch = min(self.opts.n_ubatch, self.opts.n_batch)
+        params.n_threads = self.n_threads
+        params.n_threads_batch = self.opts.n_threads_batch or self.n_threads
+        params.flash_attn_type = _FLASH[self.opts.flash_attn]
+        params.kv_unified = self.opts.kv_unified
+        params.no_perf = True
+        ctx = ll.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise Unsupported(f"llama.cpp could not create a context for {n_seq} sequences x {per_seq} tokens")
+        self._contexts[key] = ctx
+        return ctx
+
+    def _ensure_batch(self, size: int) -> Any:
+        if size > self._batch_cap:
+            if self._batch is not None:
+                self._ll.llama_batch_free(self._batch)
+            self._batch = self._ll.llama_batch_init(size, 0, 1)
+            self._batch_cap = size
+        return self._batch
+
+    def _samplers(self, n: int, target: int, sampling: Sampling) -> list[Any]:
+        """One llama.cpp sampler chain per sequence (None = greedy argmax), seeded per request.
+
+        The target gets the cell's seed wherever it sits; fillers get seeds derived from it.
+        """
+        if sampling.temperature == 0:
+            return [None] * n
+        ll = self._ll
+        chains = []
+        for i in range(n):
+            chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+            if sampling.top_k > 0:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(sampling.top_k))
+            if sampling.top_p < 1.0:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(sampling.top_p, 1))
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(sampling.temperature))
+            seed = sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1)
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed))
+            chains.append(chain)
+        return chains
+
+    # -- generation ---------------------------------------------------------------
+    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+        ll = self._ll
+        n = len(prompts)
+        tokens = [self.tokenize(self.chat(p)) for p in prompts]
+        need = max(len(t) for t in tokens) + sampling.max_tokens + 1
+        per_seq = self.opts.n_ctx or max(512, -(-need // 256) * 256)
+        if need > per_seq:
+            raise Unsupported(f"prompt + max_tokens = {need} tokens exceeds n_ctx {per_seq}")
+        ctx = self._context(n, per_seq)
+        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        batch = self._ensure_batch(max(self.opts.n_batch, n))
+        samplers = self._samplers(n, target, sampling)
+        vocab = self._vocab
+        n_vocab = self.n_vocab
+        ignore_eos = self.opts.ignore_eos
+
+        outs: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[float] = []
+        margins: list[float] = []
+        finish = ["length"] * n
+        live = [True] * n
+        pos = [len(t) for t in tokens]
+        generated = 0
+
+        def pick(seq: int, idx: int) -> None:
+            nonlocal generated
+            if samplers[seq] is None:
+                ptr = ll.llama_get_logits_ith(ctx, idx)
+                logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+                tok = int(logits.argmax())
+            else:
+                tok = int(ll.llama_sampler_sample(samplers[seq], ctx, idx))
+                logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, idx), shape=(n_vocab,))
+            if seq == target:
+                lp, margin = _log_softmax_at(logits, tok)
+                logprobs.append(lp)
+                margins.append(margin)
+            generated += 1
+            if not ignore_eos and ll.llama_vocab_is_eog(vocab, tok):
+                finish[seq], live[seq] = "stop", False
+                return
+            outs[seq].append(tok)
+            if len(outs[seq]) >= sampling.max_tokens:
+                live[seq] = False
+
+        def decode(entries: list[tuple[int, int, int, bool]]) -> None:
+            for i, (tok, p, seq, want) in enumerate(entries):
+                batch.token[i] = tok
+                batch.pos[i] = p
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = want
+            batch.n_tokens = len(entries)
+            rc = ll.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+
+        try:
+            t0 = time.perf_counter()
+            # Prefill: all prompts together, split into n_batch-sized calls like llama-server.
+            flat = [(tok, p, s, p == len(t) - 1) for s, t in enumerate(tokens) for p, tok in enumerate(t)]
+            for start in range(0, len(flat), self.opts.n_batch):
+                chunk = flat[start : start + self.opts.n_batch]
+                decode(chunk)
+                for i, (_, _, seq, last) in enumerate(chunk):
+                    if last:
+                        pick(seq, i)
+            t_prefill = time.perf_counter()
+            t_target = t_prefill
+            while live[target]:
+                order = [s for s in range(n) if live[s]]
+                decode([(outs[s][-1], pos[s] + len(outs[s]) - 1, s, True) for s in order])
+                for i, seq in enumerate(order):
+                    pick(seq, i)
+                t_target = time.perf_counter()
+            t_end = time.perf_counter()
+        finally:
+            for chain in samplers:
+                if chain is not None:
+                    ll.llama_sampler_free(chain)
+
+        ids = outs[target]
+        return BatchOutput(
+            target=SequenceOutput(ids, self.detokenize(ids), finish[target], logprobs, margins),
+            prompt_tokens=len(tokens[target]),
+            prefill_s=t_prefill - t0,
+            ttft_s=t_prefill - t0,
+            target_s=t_target - t0,
+            wall_s=t_end - t0,
+            batch_generated_tokens=generated,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        ll = self._ll
+        return {
+            "engine_version": f"llama-cpp-python {ll.__version__}",
+            "engine_info": ll.llama_print_system_info().decode(errors="replace").strip(),
+            "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+            "n_threads": self.n_threads,
+            "model_file": str(self.model_path),
+            "model_sha256": self.model_sha256,
+        }
+
+    def close(self) -> None:
+        ll = self._ll
+        for ctx in self._contexts.values():
+            ll.llama_free(ctx)
+        self._contexts.clear()
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+
+ENGINE = LlamaCppEngine

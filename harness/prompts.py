@@ -1,0 +1,121 @@
+"""Prompt sets, filler pools, and the seeded composition of a batch around one target prompt."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness import yamlsrc
+from harness.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Target prompts (measured) and fillers (the other users sharing a batch)."""
+
+    prompts: tuple[Prompt, ...]
+    fillers: tuple[Prompt, ...]
+    source: str = "inline"
+
+    def with_fillers(self, fillers: list[str]) -> PromptSet:
+        return replace(self, fillers=_filler_prompts(fillers))
+
+    def fingerprint(self) -> str:
+        """Hash of every text: a changed prompt file gives new cell ids, never stale reuse."""
+        digest = hashlib.sha256()
+        for group in (self.prompts, self.fillers):
+            for p in group:
+                digest.update(f"{p.id}\0{p.text}\0".encode())
+            digest.update(b"\1")
+        return digest.hexdigest()[:16]
+
+    def get(self, prompt_id: str) -> Prompt:
+        for p in self.prompts:
+            if p.id == prompt_id:
+                return p
+        raise KeyError(prompt_id)
+
+
+def _filler_prompts(texts: list[str]) -> tuple[Prompt, ...]:
+    return tuple(Prompt(f"filler-{i:02d}", t) for i, t in enumerate(texts))
+
+
+def prompt_set_from_inline(prompts: list[tuple[str, str]], fillers: list[str]) -> PromptSet:
+    return PromptSet(tuple(Prompt(i, t) for i, t in prompts), _filler_prompts(fillers))
+
+
+class _PromptItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    text: str = Field(min_length=1)
+
+
+class _PromptFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompts: list[_PromptItem] = Field(min_length=1)
+    fillers: list[str] = []
+
+
+def load_prompt_set(ref: str, base: Path, where: str) -> PromptSet:
+    """Load a prompt file; `ref` is relative to the experiment file's folder."""
+    path = (base / ref).resolve()
+    if not path.is_file():
+        raise ConfigError(f"{where}: prompts: file not found: {path}")
+    source = yamlsrc.load(path)
+    try:
+        parsed = _PromptFile.model_validate(source.data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        field = ".".join(str(x) for x in loc)
+        msg = "unknown key; allowed: prompts, fillers" if err["type"] == "extra_forbidden" else err["msg"]
+        raise ConfigError(f"{source.where(loc)}: {field}: {msg}") from None
+    ids = [p.id for p in parsed.prompts]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"{path}: prompts: duplicate id(s) {', '.join(dupes)}")
+    return PromptSet(
+        tuple(Prompt(p.id, p.text) for p in parsed.prompts),
+        _filler_prompts(parsed.fillers),
+        source=str(path),
+    )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch: the target prompt at `target_position` among fillers."""
+
+    prompts: tuple[Prompt, ...]
+    target_position: int
+    filler_ids: tuple[str, ...]
+
+
+def compose_batch(
+    prompt_set: PromptSet, target: Prompt, batch_size: int, repeat: int, filler_seed: int
+) -> Batch:
+    """Draw batch_size-1 fillers and the target's position with a seeded RNG.
+
+    The draw depends on (filler_seed, prompt, repeat, batch_size) only, not on the engine,
+    model or dtype, so cells that differ in those settings see the same batches.
+    """
+    if batch_size == 1:
+        return Batch((target,), 0, ())
+    key = f"{filler_seed}|{target.id}|{repeat}|{batch_size}".encode()
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+    pool = prompt_set.fillers
+    need = batch_size - 1
+    picks = rng.choice(len(pool), size=need, replace=need > len(pool))
+    fillers = [pool[int(i)] for i in picks]
+    position = int(rng.integers(0, batch_size))
+    members = fillers[:position] + [target] + fillers[position:]
+    return Batch(tuple(members), position, tuple(f.id for f in fillers))

@@ -1,0 +1,1 @@
+"""Ways to show results: terminal tables and progress."""

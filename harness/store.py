@@ -1,0 +1,155 @@
+"""Parquet rows on disk: one file per cell, written atomically; resume; reading back."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+
+#: The row contract (README "Rows"). Order here is the column order on disk.
+ROW_SCHEMA = pa.schema(
+    [
+        # identity
+        ("schema_version", pa.int16()),
+        ("experiment", pa.string()),
+        ("run_id", pa.string()),
+        ("cell_id", pa.string()),
+        ("group_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("repeat", pa.int32()),
+        ("batch_position", pa.int32()),
+        ("filler_ids", pa.list_(pa.string())),
+        # settings (named exactly like the matrix axes)
+        ("model", pa.string()),
+        ("engine", pa.string()),
+        ("dtype", pa.string()),
+        ("gpu", pa.string()),
+        ("batch_invariant", pa.bool_()),
+        ("batch_size", pa.int32()),
+        ("seed", pa.int64()),
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("top_k", pa.int32()),
+        ("max_tokens", pa.int32()),
+        ("engine_options", pa.string()),
+        ("model_file", pa.string()),
+        ("model_sha256", pa.string()),
+        ("engine_version", pa.string()),
+        # outcome
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("prompt_tokens", pa.int32()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("n_tokens", pa.int32()),
+        ("text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("output_hash", pa.string()),
+        ("logprobs", pa.list_(pa.float32())),
+        ("margins", pa.list_(pa.float32())),
+        # timing
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("prefill_s", pa.float64()),
+        ("ttft_s", pa.float64()),
+        ("decode_s", pa.float64()),
+        ("wall_s", pa.float64()),
+        ("target_tokens_per_s", pa.float64()),
+        ("batch_tokens_per_s", pa.float64()),
+        # provenance
+        ("host", pa.string()),
+        ("platform", pa.string()),
+        ("cpu", pa.string()),
+        ("cpu_count", pa.int32()),
+        ("gpu_name", pa.string()),
+        ("gpu_count", pa.int32()),
+        ("gpu_driver", pa.string()),
+        ("python_version", pa.string()),
+        ("harness_version", pa.string()),
+        ("git_commit", pa.string()),
+        ("engine_info", pa.string()),
+        ("env", pa.string()),
+        ("job_id", pa.string()),
+        ("job_array_index", pa.string()),
+    ]
+)
+
+STATUSES = ("ok", "failed", "unsupported", "skipped")
+
+
+class Store:
+    """A results folder: `cells/<cell_id>.parquet` plus the experiment that made them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.cells_dir = self.root / "cells"
+
+    def cell_path(self, cell_id: str) -> Path:
+        return self.cells_dir / f"{cell_id}.parquet"
+
+    def is_done(self, cell_id: str) -> bool:
+        """A cell is done when its file exists and none of its rows failed (those are retried)."""
+        path = self.cell_path(cell_id)
+        if not path.is_file():
+            return False
+        try:
+            statuses = pq.read_table(path, columns=["status"]).column("status").to_pylist()
+        except (pa.ArrowInvalid, OSError):
+            return False
+        return "failed" not in statuses
+
+    def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
+        """Write all rows of a cell at once: a reader sees the whole cell or none of it."""
+        self.cells_dir.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+        path = self.cell_path(cell_id)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def write_meta(self, name: str, content: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / name
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+
+    def read_meta(self, name: str) -> dict[str, Any] | None:
+        path = self.root / name
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def cell_files(self) -> list[Path]:
+        return sorted(self.cells_dir.glob("*.parquet")) if self.cells_dir.is_dir() else []
+
+    def read_rows(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """Every row of every finished cell, one DataFrame (empty with the schema if none)."""
+        files = self.cell_files()
+        if not files:
+            return ROW_SCHEMA.empty_table().to_pandas()
+        tables = [pq.read_table(f, columns=columns) for f in files]
+        return pa.concat_tables(tables, promote_options="default").to_pandas()
+
+    def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
+        """Token ids of the outputs with these hashes (one row each), read without loading all."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        files = self.cell_files()
+        if not files or not hashes:
+            return {}
+        data = ds.dataset([str(f) for f in files], format="parquet")
+        table = data.to_table(
+            columns=["output_hash", "token_ids"], filter=pc.field("output_hash").isin(sorted(hashes))
+        )
+        out: dict[str, list[int]] = {}
+        for h, toks in zip(table.column("output_hash").to_pylist(), table.column("token_ids").to_pylist()):
+            out.setdefault(h, toks)
+        return out

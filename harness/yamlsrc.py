@@ -1,0 +1,80 @@
+"""YAML loading that remembers where each value came from, so errors can name a line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import ConfigError
+
+Loc = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed YAML document plus a map from key paths to 1-based line numbers."""
+
+    path: Path
+    data: Any
+    lines: dict[Loc, int]
+
+    def line_of(self, loc: Loc) -> int | None:
+        """Line of the deepest known prefix of `loc` (pydantic locations may go deeper)."""
+        for end in range(len(loc), -1, -1):
+            line = self.lines.get(tuple(loc[:end]))
+            if line is not None:
+                return line
+        return None
+
+    def where(self, loc: Loc) -> str:
+        line = self.line_of(loc)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+class _Duplicate(Exception):
+    def __init__(self, line: int, key: Any) -> None:
+        super().__init__(line, key)
+        self.line, self.key = line, key
+
+
+def _walk(node: yaml.Node, loc: Loc, out: dict[Loc, int]) -> None:
+    out.setdefault(loc, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise _Duplicate(key_node.start_mark.line + 1, key)
+            seen.add(key)
+            out[loc + (key,)] = key_node.start_mark.line + 1
+            _walk(value_node, loc + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _walk(item, loc + (index,), out)
+
+
+def load(path: Path) -> Source:
+    """Read a YAML file; a missing file or a syntax error becomes a ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {exc.problem}") from None
+    lines: dict[Loc, int] = {}
+    if node is not None:
+        try:
+            _walk(node, (), lines)
+        except _Duplicate as dup:
+            raise ConfigError(f"{path}:{dup.line}: duplicate key '{dup.key}'") from None
+    return Source(path=path, data=data, lines=lines)
