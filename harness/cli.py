@@ -91,7 +91,7 @@ def run(
     """Run an experiment. Finished cells are kept on disk; the same command again resumes."""
     from harness.config import load_experiment
     from harness.report.progress import RichReporter
-    from harness.report.table import summary_table
+    from harness.report.table import summary_table, verdict_lines
     from harness.runner import Runner
     from harness.store import Store
 
@@ -117,6 +117,8 @@ def run(
         frame = _summary_for(out, reference)
         frame.to_parquet(out / "summary.parquet", index=False)
         console.print(summary_table(frame, f"{loaded.experiment.name} (reference: {frame['reference'].iloc[0]})"))
+        for line in verdict_lines(frame):
+            console.print(line)
         console.print(f"rows: {out}/cells/*.parquet   summary: {out}/summary.parquet")
 
 
@@ -127,7 +129,7 @@ def summarize(
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
 ) -> None:
     """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence."""
-    from harness.report.table import summary_table
+    from harness.report.table import summary_table, verdict_lines
 
     if fmt not in ("table", "json", "csv"):
         raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
@@ -138,7 +140,10 @@ def summarize(
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
-        _console().print(summary_table(frame, f"{results} (reference: {frame['reference'].iloc[0]})"))
+        console = _console()
+        console.print(summary_table(frame, f"{results} (reference: {frame['reference'].iloc[0]})"))
+        for line in verdict_lines(frame):
+            console.print(line)
 
 
 @models_app.callback()

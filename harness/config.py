@@ -183,42 +183,8 @@ class LoadedExperiment(BaseModel):
         return self.path.parent
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts) or "(top level)"
-
-
-def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptSpec]'."""
-    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in {"str", "function-after"})))
-
-
 def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tuple = ()) -> str:
-    lines = []
-    seen = set()
-    for err in exc.errors():
-        loc = prefix + _clean_loc(tuple(err["loc"]))
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-            if len(loc) >= 1 and loc[0] == "matrix":
-                msg += f"; allowed axes: {', '.join(AXES)}"
-        elif err["type"] == "too_short":
-            msg = "empty list; give at least one value"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        msg = msg.removeprefix("Value error, ")
-        key = (loc, msg)
-        if key in seen:
-            continue
-        seen.add(key)
-        lines.append(f"{source.where(loc)}: {_format_loc(loc)}: {msg}")
-    return "\n".join(lines)
+    return yamlsrc.validation_message(source, exc, prefix, hints={"matrix": f"allowed axes: {', '.join(AXES)}"})
 
 
 def _check_entries(

@@ -123,6 +123,9 @@ def summarize(
     merged = lookup.merge(ref_table, on=keys + ["prompt_id"], how="left")
     ok["ref_hash"] = merged["ref_hash"].to_numpy()
     ok["reference_cell"] = merged["reference_cell"].to_numpy()
+    # The reference run itself is not evidence of agreement: leave it out of the comparison.
+    is_self = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == 0)
+    ok.loc[is_self, "ref_hash"] = None
     has_ref = ok["ref_hash"].notna()
     ok["matched"] = np.where(has_ref, ok["output_hash"] == ok["ref_hash"], np.nan)
 

@@ -75,11 +75,8 @@ def load_prompt_set(ref: str, base: Path, where: str) -> PromptSet:
     try:
         parsed = _PromptFile.model_validate(source.data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        field = ".".join(str(x) for x in loc)
-        msg = "unknown key; allowed: prompts, fillers" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ConfigError(f"{source.where(loc)}: {field}: {msg}") from None
+        hints = {"prompts": "allowed: id, text", "fillers": "fillers are plain strings"}
+        raise ConfigError(yamlsrc.validation_message(source, exc, hints=hints)) from None
     ids = [p.id for p in parsed.prompts]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -119,3 +116,27 @@ def compose_batch(
     position = int(rng.integers(0, batch_size))
     members = fillers[:position] + [target] + fillers[position:]
     return Batch(tuple(members), position, tuple(f.id for f in fillers))
+
+
+def render_chat(template: str, text: str, bos_token: str = "", eos_token: str = "") -> str:
+    """Render the model's own (Jinja) chat template for one user message, as llama-server --jinja does.
+
+    Raises ValueError when the template cannot be rendered; the caller decides the fallback.
+    """
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=[{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except jinja2.TemplateError as exc:
+        raise ValueError(f"chat template failed: {exc}") from exc

@@ -74,7 +74,10 @@ class Runner:
             "model_file": info.get("model_file", ""),
             "model_sha256": info.get("model_sha256", ""),
             "engine_version": info.get("engine_version", ""),
-            "engine_info": info.get("engine_info", ""),
+            "engine_info": json.dumps(
+                {k: v for k, v in info.items() if k not in ("engine_version", "model_file", "model_sha256")},
+                sort_keys=True,
+            ),
             "started_at": datetime.now(timezone.utc),
             **self.prov,
         }
@@ -170,6 +173,7 @@ class Runner:
     def run(self, force: bool = False) -> RunResult:
         """Run every cell not already done; each finished cell is on disk before the next starts."""
         cells = expand(self.loaded)
+        self.store.clean_stale()
         result = RunResult()
         todo: list[tuple[Group, list[Cell]]] = []
         for grp in group(cells):

@@ -126,6 +126,13 @@ class Store:
         path = self.root / name
         return json.loads(path.read_text()) if path.is_file() else None
 
+    def clean_stale(self) -> int:
+        """Remove temporary files left by a run that was killed mid-write."""
+        stale = list(self.cells_dir.glob(".*.tmp")) if self.cells_dir.is_dir() else []
+        for path in stale:
+            path.unlink(missing_ok=True)
+        return len(stale)
+
     def cell_files(self) -> list[Path]:
         return sorted(self.cells_dir.glob("*.parquet")) if self.cells_dir.is_dir() else []
 

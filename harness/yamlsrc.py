@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 Loc = tuple[Any, ...]
 
@@ -78,3 +81,39 @@ def load(path: Path) -> Source:
         except _Duplicate as dup:
             raise ConfigError(f"{path}:{dup.line}: duplicate key '{dup.key}'") from None
     return Source(path=path, data=data, lines=lines)
+
+
+def _format_loc(loc: Loc) -> str:
+    parts: list[str] = []
+    for item in loc:
+        parts.append(f"[{item}]" if isinstance(item, int) else ("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def _clean_loc(loc: Loc) -> Loc:
+    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptSpec]'."""
+    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in {"str", "function-after"})))
+
+
+def validation_message(
+    source: Source, exc: ValidationError, prefix: Loc = (), hints: dict[str, str] | None = None
+) -> str:
+    """Every pydantic error as 'file:line: field: what is wrong', one per line.
+
+    `hints` maps a top-level key to the text listing what is allowed under it.
+    """
+    hints = hints or {}
+    out: list[str] = []
+    for err in exc.errors():
+        loc = prefix + _clean_loc(tuple(err["loc"]))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + (f"; {hints[loc[0]]}" if loc and loc[0] in hints else "")
+        elif err["type"] == "too_short":
+            msg = "empty list; give at least one value"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        line = f"{source.where(loc)}: {_format_loc(loc)}: {msg}"
+        if line not in out:
+            out.append(line)
+    return "\n".join(out)

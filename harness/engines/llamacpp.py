@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import Field
 
 from harness import models
+from harness.prompts import render_chat
 from harness.engines.base import (
     BatchOutput,
     Engine,
@@ -88,29 +89,35 @@ class LlamaCppEngine(Engine):
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = self.opts.n_threads or os.cpu_count() or 1
-        self._template = ll.llama_model_chat_template(self._model, None)
+        self._template_raw = ll.llama_model_chat_template(self._model, None)
+        self._template = self._template_raw.decode("utf-8", errors="replace") if self._template_raw else None
+        self.chat_template_kind = "model jinja" if self._template else "none (raw prompt)"
         self._contexts: dict[tuple[int, int], Any] = {}
         self._batch = None
         self._batch_cap = 0
 
     # -- text <-> tokens ------------------------------------------------------------
     def chat(self, text: str) -> str:
-        """Apply the model's own chat template to a single user message."""
-        ll = self._ll
-        if not self._template:
+        """The model's own Jinja chat template; llama.cpp's built-in matcher if that fails."""
+        if self._template is None:
             return text
+        try:
+            return render_chat(self._template, text, self._special(self._ll.llama_vocab_bos),
+                               self._special(self._ll.llama_vocab_eos))
+        except ValueError:
+            self.chat_template_kind = "llama.cpp built-in"
+        ll = self._ll
         msg = (ll.llama_chat_message * 1)()
         msg[0].role = b"user"
         msg[0].content = text.encode()
-        size = 4 * len(text) + 1024
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = ll.llama_chat_apply_template(self._template, msg, 1, True, buf, size)
-            if n < 0:
-                return text
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = n + 1
+        size = 4 * len(text) + 4096
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(self._template_raw, msg, 1, True, buf, size)
+        return buf.raw[:n].decode("utf-8", errors="replace") if 0 <= n <= size else text
+
+    def _special(self, getter: Any) -> str:
+        tok = getter(self._vocab)
+        return self.detokenize_special([tok]) if tok >= 0 else ""
 
     def tokenize(self, text: str) -> list[int]:
         ll = self._ll
@@ -125,11 +132,17 @@ class LlamaCppEngine(Engine):
         return list(out[:n])
 
     def detokenize(self, tokens: list[int]) -> str:
+        return self._pieces(tokens, special=False)
+
+    def detokenize_special(self, tokens: list[int]) -> str:
+        return self._pieces(tokens, special=True)
+
+    def _pieces(self, tokens: list[int], special: bool) -> str:
         ll = self._ll
         buf = ctypes.create_string_buffer(256)
         pieces = []
         for tok in tokens:
-            n = ll.llama_token_to_piece(self._vocab, tok, buf, 256, 0, False)
+            n = ll.llama_token_to_piece(self._vocab, tok, buf, 256, 0, special)
             pieces.append(buf.raw[: max(n, 0)])
         return b"".join(pieces).decode("utf-8", errors="replace")
 
@@ -288,6 +301,7 @@ class LlamaCppEngine(Engine):
             "engine_info": ll.llama_print_system_info().decode(errors="replace").strip(),
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
             "n_threads": self.n_threads,
+            "chat_template": self.chat_template_kind,
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
         }

@@ -26,14 +26,37 @@ def _fmt(value: object, kind: str = "") -> str:
     return str(value)
 
 
+def _varying(summary: pd.DataFrame) -> list[str]:
+    return [c for c in KEY_COLUMNS if c in summary and summary[c].astype(str).nunique() > 1]
+
+
+def verdict_lines(summary: pd.DataFrame) -> list[str]:
+    """One line per setting, pooled over prompts: how many runs matched the reference."""
+    from harness.metrics import upper95
+
+    varying = _varying(summary) or ["engine"]
+    ok = summary[summary["compared"].fillna(0) > 0]
+    lines = []
+    for key, part in ok.groupby(varying, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{a}={v}" for a, v in zip(varying, key))
+        compared, diverged = int(part["compared"].sum()), int(part["diverged"].sum())
+        bound = upper95(diverged, compared)
+        text = f"{label}: {compared - diverged}/{compared} runs identical to the reference"
+        if diverged:
+            text += f", first divergence at token {int(part['first_divergence_min'].min())} at the earliest"
+        else:
+            text += f"; divergence rate < {100 * bound:.0f}% (95% upper bound)"
+        lines.append(text)
+    return lines
+
+
 def summary_table(summary: pd.DataFrame, title: str) -> Table:
-    varying = [c for c in KEY_COLUMNS if c in summary and summary[c].astype(str).nunique() > 1]
-    if "engine" not in varying:
-        varying.insert(0, "engine")
+    varying = _varying(summary)
     table = Table(title=title, title_justify="left")
     for col in varying + ["prompt_id"]:
         table.add_column(SHORT.get(col, col).replace("prompt_id", "prompt"))
-    for name in ("status", "runs", "unique", "match", "first div min/med", "upper95", "tok/s"):
+    for name in ("status", "runs", "unique", "match", "diverge@ min/med", "upper95", "tok/s"):
         table.add_column(name, justify="right" if name != "status" else "left")
     for rec in summary.to_dict("records"):
         status = rec["status"]

@@ -1,0 +1,42 @@
+"""Rewrite a GGUF with every weight matrix in another dtype (dequantized with the gguf package).
+
+Used to ask "same weights, other numeric format": Q4_1 as shipped vs F16 / BF16 / F32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+
+
+def convert(source: Path, target: Path, dtype: str) -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as Q, GGUFValueType as V
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(target), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == V.ARRAY and len(field.types) > 1 else None
+        writer.add_key_value(name, field.contents(), vtype, sub)
+    writer.add_file_type(_FILE_TYPE[dtype])
+
+    for tensor in reader.tensors:
+        data = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if data.ndim == 1 or dtype == "f32":  # norms and biases stay f32, as llama.cpp's converter does
+            writer.add_tensor(tensor.name, data)
+        elif dtype == "f16":
+            writer.add_tensor(tensor.name, data.astype(np.float16))
+        else:
+            raw = gguf.quants.quantize(data, Q.BF16)
+            writer.add_tensor(tensor.name, raw, raw_shape=data.shape, raw_dtype=Q.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

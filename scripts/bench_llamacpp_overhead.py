@@ -1,0 +1,92 @@
+"""How much does the harness's llama.cpp engine cost over a bare llama-cpp-python decode loop?
+
+Both decode the same batch (N chat-formatted prompts, greedy, ignore EOS, same token budget)
+on the same loaded model with the same context settings, alternating run by run so drift
+hits both alike. Prints aggregate tokens/s of each and the ratio harness / bare (goal >= 0.95).
+
+    python scripts/bench_llamacpp_overhead.py [--tokens 64] [--rounds 5] [--sizes 1,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import time
+
+import numpy as np
+
+from harness.engines.base import LoadSpec, Sampling
+from harness.engines.llamacpp import LlamaCppEngine
+from harness.prompts import compose_batch, load_prompt_set
+from pathlib import Path
+
+
+def bare_generate(engine: LlamaCppEngine, texts: list[str], max_tokens: int) -> int:
+    """The baseline: tokenize, prefill all sequences, one llama_decode per step, argmax."""
+    ll = engine._ll
+    n = len(texts)
+    ctx = engine._context(n, 512)
+    ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+    tokens = [engine.tokenize(t) for t in texts]
+    batch = engine._ensure_batch(2048)
+    n_vocab = engine.n_vocab
+
+    def decode(entries):
+        for i, (tok, pos, seq, want) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, want
+        batch.n_tokens = len(entries)
+        assert ll.llama_decode(ctx, batch) == 0
+
+    decode([(tok, p, s, p == len(t) - 1) for s, t in enumerate(tokens) for p, tok in enumerate(t)])
+    last_index = np.cumsum([len(t) for t in tokens]) - 1
+    nxt = [int(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, int(i)), shape=(n_vocab,)).argmax())
+           for i in last_index]
+    produced = n
+    for step in range(1, max_tokens):
+        decode([(nxt[s], len(tokens[s]) + step - 1, s, True) for s in range(n)])
+        nxt = [int(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, s), shape=(n_vocab,)).argmax())
+               for s in range(n)]
+        produced += n
+    return produced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sizes", default="1,8")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    root = Path(__file__).resolve().parent.parent
+    prompts = load_prompt_set("prompts/default.yaml", root, where="bench")
+    options = {"ignore_eos": True, "n_ctx": 512} | ({"n_threads": args.threads} if args.threads else {})
+    engine = LlamaCppEngine(LoadSpec("llamacpp", "smollm2-135m", "auto", "cpu", False, options), print)
+    sampling = Sampling(0.0, 1.0, 0, 0, args.tokens)
+    print(f"model {engine.model_path.name}, {engine.n_threads} threads, {args.tokens} tokens per sequence")
+    print(f"{'N':>3} {'bare tok/s':>11} {'harness tok/s':>14} {'ratio':>6}  (median of {args.rounds} rounds)")
+    for n in [int(x) for x in args.sizes.split(",")]:
+        batch = compose_batch(prompts, prompts.prompts[1], n, 0, 0)
+        texts = [p.text for p in batch.prompts]
+        chat = [engine.chat(t) for t in texts]
+        bare_generate(engine, chat, 4)  # warm-up, both paths share the context
+        engine.generate(texts, batch.target_position, Sampling(0.0, 1.0, 0, 0, 4))
+        bare, mine = [], []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            produced = bare_generate(engine, chat, args.tokens)
+            bare.append(produced / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            out = engine.generate(texts, batch.target_position, sampling)
+            mine.append(out.batch_generated_tokens / (time.perf_counter() - t0))
+            assert out.batch_generated_tokens == produced, (out.batch_generated_tokens, produced)
+        b, m = statistics.median(bare), statistics.median(mine)
+        print(f"{n:>3} {b:>11.1f} {m:>14.1f} {m / b:>6.3f}   spread bare {min(bare):.1f}-{max(bare):.1f}, "
+              f"harness {min(mine):.1f}-{max(mine):.1f}")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Bad experiment files: exit code 2, a message naming file, line and field; nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_experiment
+from harness.errors import ConfigError
+from harness.matrix import expand, group
+
+from .conftest import PROMPTS
+
+GOOD = """
+name: t
+prompts: prompts.yaml
+repeats: 2
+max_tokens: 8
+matrix:
+  model: [smollm2-135m]
+  engine: [llamacpp]
+  batch_size: [1, 2]
+"""
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle"),
+    [
+        (GOOD.replace("repeats: 2", "repeats: 2\ncolour: red"), 4, "colour: unknown key"),
+        (GOOD.replace("batch_size: [1, 2]", "batch_size: [1, two]"), 8, "matrix.batch_size[1]"),
+        (GOOD.replace("batch_size: [1, 2]", "batch_size: []"), 8, "empty list"),
+        (GOOD.replace("batch_size: [1, 2]", "batch_size: [0]"), 8, "allowed: 1 to 1024"),
+        (GOOD.replace("engine: [llamacpp]", "engine: [llamacp]"), 7, "unknown engine 'llamacp'"),
+        (GOOD.replace("engine: [llamacpp]", "engine: [llamacpp]\n  colour: [red]"), 8, "allowed axes"),
+        (GOOD.replace("max_tokens: 8", "max_tokens: -1"), 4, "max_tokens"),
+        (GOOD.replace("prompts: prompts.yaml", "prompts: missing.yaml"), 2, "file not found"),
+        (GOOD + "engine_options:\n  llamacpp:\n    n_thread: 2\n", 11, "n_thread: unknown key"),
+        (GOOD + "exclude:\n  - {batch_size: 2, colour: 1}\n", 10, "unknown axis"),
+        (GOOD.replace("top_p", "x") + "  top_p: [1.5]\n", 9, "0 < top_p <= 1"),
+        (GOOD.replace("repeats: 2", "repeats: 2\nrepeats: 3"), 4, "duplicate key"),
+        (GOOD.replace("name: t", "name: [t"), None, "invalid YAML"),
+    ],
+)
+def test_bad_config_names_file_line_field(write, tmp_path, text, line, needle):
+    write("prompts.yaml", PROMPTS)
+    path = write("exp.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_experiment(path)
+    message = str(info.value)
+    assert needle in message
+    assert str(path) in message
+    if line is not None:
+        assert f"exp.yaml:{line}:" in message
+
+
+def test_bad_prompt_file_names_its_line(write):
+    write("prompts.yaml", PROMPTS.replace("    text: \"hello\"", "    txt: \"hello\""))
+    path = write("exp.yaml", GOOD)
+    with pytest.raises(ConfigError, match=r"prompts.yaml:3: prompts\[0\].txt: unknown key; allowed: id, text"):
+        load_experiment(path)
+
+
+def test_batch_needs_fillers(write):
+    write("prompts.yaml", PROMPTS.split("fillers:")[0])
+    with pytest.raises(ConfigError, match="needs fillers"):
+        load_experiment(write("exp.yaml", GOOD))
+
+
+def test_cli_exit_code_2_and_nothing_written(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    write("exp.yaml", GOOD.replace("batch_size: [1, 2]", "batch_size: []"))
+    out = tmp_path / "out"
+    proc = _cli("run", "exp.yaml", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "matrix.batch_size" in proc.stderr and "exp.yaml:8" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_plan_counts_generations_and_groups(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    write("exp.yaml", GOOD.replace("engine: [llamacpp]", "engine: [llamacpp]\n  dtype: [auto, f16]"))
+    proc = _cli("plan", "exp.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 cells in 2 engine load(s)" in proc.stdout
+    assert "2 prompts x 2 repeats x 4 cells = 16 generations" in proc.stdout
+
+
+def test_cell_ids_stable_across_key_order(write):
+    write("prompts.yaml", PROMPTS)
+    a = expand(load_experiment(write("a.yaml", GOOD)))
+    reordered = GOOD.replace(
+        "  model: [smollm2-135m]\n  engine: [llamacpp]\n  batch_size: [1, 2]",
+        "  batch_size: [1, 2]\n  engine: llamacpp\n  model: [smollm2-135m]",
+    ).replace("repeats: 2\nmax_tokens: 8", "max_tokens: 8\nrepeats: 2")
+    b = expand(load_experiment(write("b.yaml", reordered)))
+    assert [c.id for c in a] == [c.id for c in b]
+    c = expand(load_experiment(write("c.yaml", GOOD.replace("max_tokens: 8", "max_tokens: 9"))))
+    assert not {x.id for x in a} & {x.id for x in c}  # a changed setting never reuses old results
+
+
+def test_include_exclude_and_grouping(write):
+    write("prompts.yaml", PROMPTS)
+    text = GOOD.replace("batch_size: [1, 2]", "batch_size: [1, 2]\n  dtype: [auto, f16]") + (
+        "exclude:\n  - {dtype: f16, batch_size: 2}\ninclude:\n  - {dtype: f32, batch_size: 4}\n"
+    )
+    cells = expand(load_experiment(write("exp.yaml", text)))
+    got = sorted((c["dtype"], c["batch_size"]) for c in cells)
+    assert got == [("auto", 1), ("auto", 2), ("f16", 1), ("f32", 4)]
+    groups = group(cells)
+    assert len(groups) == 3 and [len(g.cells) for g in groups] == [2, 1, 1]
+    assert [c["batch_size"] for c in groups[0].cells] == [1, 2]
+
+
+def test_dtype_aliases_and_scalars(write):
+    write("prompts.yaml", PROMPTS)
+    loaded = load_experiment(write("exp.yaml", GOOD.replace("batch_size: [1, 2]", "batch_size: 1\n  dtype: float16")))
+    assert loaded.experiment.matrix.dtype == ["f16"]
+    assert loaded.experiment.matrix.batch_size == [1]

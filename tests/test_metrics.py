@@ -1,0 +1,116 @@
+"""Statistics on hand-made token sequences whose answers are known."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness import metrics
+from harness.config import AXES
+from harness.errors import HarnessError
+from harness.runner import output_hash
+
+
+@pytest.mark.parametrize(
+    ("tokens", "reference", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3], None),  # identical
+        ([9, 2, 3], [1, 2, 3], 0),  # at the first token
+        ([1, 2, 9, 4], [1, 2, 3, 4], 2),  # in the middle
+        ([1, 2, 3, 9], [1, 2, 3, 4], 3),  # at the last token
+        ([1, 2], [1, 2, 3, 4], 2),  # shorter output that is a prefix: diverges at its end
+        ([1, 2, 3, 4, 5], [1, 2, 3], 3),  # longer output that extends the reference
+        ([], [1], 0),
+        ([], [], None),
+    ],
+)
+def test_first_divergence(tokens, reference, expected):
+    assert metrics.first_divergence(tokens, reference) == expected
+
+
+def test_upper95_rule_of_three_and_exact():
+    assert metrics.upper95(0, 10) == pytest.approx(0.3)
+    assert metrics.upper95(0, 1000) == pytest.approx(0.003)
+    assert metrics.upper95(0, 2) == 1.0
+    assert metrics.upper95(10, 10) == 1.0
+    # exact one-sided Clopper-Pearson for 1 of 10: P(X<=1 | 10, p) = 0.05 at p ~= 0.3942
+    assert metrics.upper95(1, 10) == pytest.approx(0.3942, abs=1e-3)
+    assert metrics.upper95(0, 0) is None
+
+
+SETTINGS = dict(model="m", engine="llamacpp", dtype="auto", gpu="any", batch_invariant=False, seed=0,
+                temperature=0.0, top_p=1.0, top_k=0, max_tokens=8)
+
+
+def _rows(spec):
+    """spec: list of (overrides, prompt_id, repeat, tokens or status)."""
+    rows = []
+    for over, prompt, repeat, tokens in spec:
+        s = SETTINGS | {"batch_size": 1} | over
+        cell = "c-" + "-".join(str(s[a]) for a in AXES)
+        row = s | {"cell_id": cell, "prompt_id": prompt, "repeat": repeat, "error": "", "target_tokens_per_s": 10.0}
+        if isinstance(tokens, str):
+            row |= {"status": tokens, "error": "refused", "output_hash": None, "n_tokens": None}
+        else:
+            row |= {"status": "ok", "output_hash": output_hash(tokens), "n_tokens": len(tokens), "_tokens": tokens}
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    tokens = {r["output_hash"]: r["_tokens"] for r in rows if r["status"] == "ok"}
+    return frame.drop(columns="_tokens"), lambda hashes: {h: tokens[h] for h in hashes}
+
+
+REF = [1, 2, 3, 4, 5, 6]
+
+
+def test_summarize_against_batch_one():
+    frame, tokens_for = _rows(
+        [({}, "p", r, REF) for r in range(3)]
+        + [({"batch_size": 4}, "p", 0, REF), ({"batch_size": 4}, "p", 1, [1, 2, 3, 9, 9, 9]),
+           ({"batch_size": 4}, "p", 2, [1, 2]), ({"batch_size": 4}, "p", 3, [7, 2, 3, 4, 5, 6])]
+        + [({"batch_size": 8}, "p", r, [5, 5, 5]) for r in range(4)]
+    )
+    out = metrics.summarize(frame, tokens_for).set_index("batch_size")
+    b1, b4, b8 = out.loc[1], out.loc[4], out.loc[8]
+    assert (b1.runs, b1.unique_outputs, b1.match_rate, b1.modal_share, b1.compared) == (3, 1, 1.0, 1.0, 2)
+    assert pd.isna(b1.first_divergence_min) and b1.divergence_rate_upper95 == pytest.approx(1.0)
+    assert (b4.runs, b4.unique_outputs, b4.match_rate, b4.modal_share) == (4, 4, 0.25, 0.25)
+    assert (b4.first_divergence_min, b4.first_divergence_median, b4.diverged) == (0, 2, 3)
+    assert b4.divergence_rate_upper95 == pytest.approx(metrics.upper95(3, 4))
+    assert (b8.unique_outputs, b8.match_rate, b8.first_divergence_min, b8.modal_share) == (1, 0.0, 0, 1.0)
+    assert b4.reference_cell == b1.cell_id
+
+
+def test_summarize_reference_axis_and_missing_reference():
+    frame, tokens_for = _rows(
+        [({"dtype": "f32"}, "p", 0, REF), ({"dtype": "f16"}, "p", 0, REF[:4] + [0, 0]),
+         ({"dtype": "f16"}, "q", 0, REF)]
+    )
+    out = metrics.summarize(frame, tokens_for, metrics.parse_reference(["dtype=float32"]))
+    f16p = out[(out.dtype == "f16") & (out.prompt_id == "p")].iloc[0]
+    assert (f16p.match_rate, f16p.first_divergence_min) == (0.0, 4)
+    f16q = out[(out.dtype == "f16") & (out.prompt_id == "q")].iloc[0]
+    assert pd.isna(f16q.match_rate) and f16q.runs == 1  # no f32 run of prompt q: nothing to compare
+    assert set(out["reference"]) == {"dtype=f32"}
+
+
+def test_summarize_keeps_refused_cells():
+    frame, tokens_for = _rows([({}, "p", 0, REF), ({"batch_invariant": True}, "p", 0, "unsupported")])
+    out = metrics.summarize(frame, tokens_for)
+    refused = out[out.batch_invariant].iloc[0]
+    assert (refused.status, refused.runs, refused.error) == ("unsupported", 0, "refused")
+
+
+def test_summarize_all_different():
+    frame, tokens_for = _rows([({}, "p", r, [r, 1, 2]) for r in range(5)])
+    row = metrics.summarize(frame, tokens_for).iloc[0]
+    # the reference run (repeat 0) is not compared with itself: 0 of the 4 others match
+    assert (row.unique_outputs, row.modal_share, row.match_rate, row.diverged, row.compared) == (5, 0.2, 0.0, 4, 4)
+
+
+def test_parse_reference_errors():
+    with pytest.raises(HarnessError, match="AXIS=VALUE"):
+        metrics.parse_reference(["colour=red"])
+    with pytest.raises(HarnessError, match="unknown dtype"):
+        metrics.parse_reference(["dtype=f12"])
+    assert metrics.parse_reference([]) == {"batch_size": 1}
+    assert metrics.parse_reference(["batch_invariant=true", "batch_size=2"]) == {"batch_invariant": True, "batch_size": 2}

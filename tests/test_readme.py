@@ -1,0 +1,24 @@
+"""README promises that tests can check: the CI command, and the row contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.store import ROW_SCHEMA
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_opens_with_two_commands_and_ci_runs_the_second():
+    block = README.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert README.startswith("```bash\n") and len(block) == 2
+    assert "harness run configs/quickstart.yaml" in block[0]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert block[1] in ci.splitlines()
+
+
+def test_every_row_column_is_documented():
+    contract = README.split("## Rows", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in ROW_SCHEMA.names if f"`{name}`" not in contract]
+    assert not missing, f"columns not in README: {missing}"
