@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from harness import yamlsrc
 from harness.engines import ENGINE_NAMES, options_model
@@ -37,6 +37,16 @@ DTYPE_ALIASES = {
     "half": "f16",
     "bf16": "bf16",
     "bfloat16": "bf16",
+}
+
+
+#: axis -> (test, what is allowed) for numeric axes
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "batch_size": (lambda v: 1 <= v <= 1024, "1 to 1024"),
+    "temperature": (lambda v: v >= 0, "0 (greedy) or more"),
+    "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"),
+    "top_k": (lambda v: v >= 0, "0 (off) or more"),
+    "seed": (lambda v: 0 <= v < 2**32, "0 to 2**32-1"),
 }
 
 
@@ -87,44 +97,13 @@ class Matrix(Strict):
             out.append(canonical)
         return out
 
-    @field_validator("batch_size")
+    @field_validator("batch_size", "temperature", "top_p", "top_k", "seed")
     @classmethod
-    def _positive_batch(cls, values: list[int]) -> list[int]:
+    def _in_range(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
+        ok, allowed = _RANGES[info.field_name]
         for value in values:
-            if value < 1 or value > 1024:
-                raise ValueError(f"batch_size {value} is out of range; allowed: 1 to 1024")
-        return values
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, values: list[float]) -> list[float]:
-        for value in values:
-            if value < 0:
-                raise ValueError(f"temperature {value} is negative; allowed: 0 (greedy) or more")
-        return values
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, values: list[float]) -> list[float]:
-        for value in values:
-            if not 0 < value <= 1:
-                raise ValueError(f"top_p {value} is out of range; allowed: 0 < top_p <= 1")
-        return values
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, values: list[int]) -> list[int]:
-        for value in values:
-            if value < 0:
-                raise ValueError(f"top_k {value} is negative; allowed: 0 (off) or more")
-        return values
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, values: list[int]) -> list[int]:
-        for value in values:
-            if not 0 <= value < 2**32:
-                raise ValueError(f"seed {value} is out of range; allowed: 0 to 2**32-1")
+            if not ok(value):
+                raise ValueError(f"{info.field_name} {value} is out of range; allowed: {allowed}")
         return values
 
     @field_validator("gpu", "model")

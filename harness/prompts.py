@@ -118,25 +118,33 @@ def compose_batch(
     return Batch(tuple(members), position, tuple(f.id for f in fillers))
 
 
-def render_chat(template: str, text: str, bos_token: str = "", eos_token: str = "") -> str:
-    """Render the model's own (Jinja) chat template for one user message, as llama-server --jinja does.
+class ChatTemplate:
+    """A model's own (Jinja) chat template, compiled once, rendered per user message.
 
-    Raises ValueError when the template cannot be rendered; the caller decides the fallback.
+    This is what llama-server does with --jinja; rendering fails with ValueError, and the
+    caller decides the fallback.
     """
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise ValueError(message)
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=[{"role": "user", "content": text}],
-            add_generation_prompt=True,
-            bos_token=bos_token,
-            eos_token=eos_token,
-        )
-    except jinja2.TemplateError as exc:
-        raise ValueError(f"chat template failed: {exc}") from exc
+        def raise_exception(message: str) -> None:
+            raise ValueError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        self._errors = (jinja2.TemplateError,)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template does not compile: {exc}") from exc
+        self._special = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render(self, text: str) -> str:
+        try:
+            return self._template.render(
+                messages=[{"role": "user", "content": text}], add_generation_prompt=True, **self._special
+            )
+        except self._errors as exc:
+            raise ValueError(f"chat template failed: {exc}") from exc

@@ -37,6 +37,7 @@ exclude:
   - {model: missing-model.gguf, batch_size: 3}
 include:
   - {model: smollm2-135m, batch_invariant: true, batch_size: 1}
+  - {model: smollm2-135m, gpu: NoSuchGPU-X1, batch_size: 1}
   - {model: smollm2-135m, temperature: 0.8, top_k: 40, top_p: 0.9, seed: 1, batch_size: 1}
   - {model: smollm2-135m, temperature: 0.8, top_k: 40, top_p: 0.9, seed: 1, batch_size: 3}
   - {model: smollm2-135m, temperature: 0.8, top_k: 40, top_p: 0.9, seed: 2, batch_size: 1}
@@ -59,10 +60,10 @@ def results(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
 def test_rows_cover_every_cell_prompt_and_repeat(results):
     _, rows = results
     assert list(rows.columns) == ROW_SCHEMA.names
-    assert len(rows) == 7 * 2 * 2  # cells x prompts x repeats
+    assert len(rows) == 8 * 2 * 2  # cells x prompts x repeats
     assert rows.groupby(["cell_id", "prompt_id", "repeat"]).size().max() == 1
     by_status = rows.groupby("status").size().to_dict()
-    assert by_status == {"ok": 20, "unsupported": 4, "failed": 4}
+    assert by_status == {"ok": 20, "unsupported": 4, "failed": 4, "skipped": 4}
 
 
 def test_ok_rows_are_complete(results):
@@ -86,6 +87,8 @@ def test_refused_and_failed_cells_are_rows_with_reasons(results):
     refused = rows[rows.status == "unsupported"]
     assert set(refused.batch_invariant) == {True}
     assert refused.error.str.contains("no batch-invariant mode").all()
+    skipped = rows[rows.status == "skipped"]
+    assert set(skipped.gpu) == {"NoSuchGPU-X1"} and skipped.error.str.contains("asks for GPU").all()
     failed = rows[rows.status == "failed"]
     assert set(failed.model) == {"missing-model.gguf"}
     assert failed.error.str.contains("model file not found").all()
@@ -124,7 +127,7 @@ def test_cli_summarize_formats(results):
     out = root / "out"
     cmd = [sys.executable, "-m", "harness", "summarize", str(out)]
     data = json.loads(subprocess.run(cmd + ["--format", "json"], capture_output=True, text=True, check=True).stdout)
-    assert len(data) == 7 * 2
+    assert len(data) == 8 * 2
     for key in ("model", "engine", "batch_size", "dtype", "gpu", "seed", "temperature", "top_p", "top_k",
                 "batch_invariant", "prompt_id", "runs", "unique_outputs", "modal_share", "match_rate",
                 "first_divergence_min", "first_divergence_median", "divergence_rate_upper95",
