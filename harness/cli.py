@@ -87,6 +87,9 @@ def run(
     force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the summary table at the end."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", help="Seconds one engine group may take; past it its unfinished cells are failed."
+    ),
 ) -> None:
     """Run an experiment. Finished cells are kept on disk; the same command again resumes."""
     from harness.config import load_experiment
@@ -102,7 +105,7 @@ def run(
     console = _console()
     console.print(f"[bold]{loaded.experiment.name}[/bold] -> {out}")
     with RichReporter(console) as reporter:
-        runner = Runner(loaded, store, reporter)
+        runner = Runner(loaded, store, reporter, group_timeout_s=timeout)
         try:
             result = runner.run(force=force)
         except KeyboardInterrupt:

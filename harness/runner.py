@@ -1,4 +1,9 @@
-"""Run groups of cells: one engine load per group, batches composed per repeat, rows per cell."""
+"""Run an experiment: each engine group in its own worker process, one row per target generation.
+
+`Runner` (the parent) decides what to run, refuses or skips what cannot run here, starts a
+worker per group and accounts for cells a dead worker did not write. `GroupRunner` (inside
+the worker) loads the engine once and runs its cells, writing each cell when it is done.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness import provenance
+from harness import provenance, worker
 from harness.config import LoadedExperiment
 from harness.engines import engine_class
 from harness.engines.base import BatchOutput, Engine, Unsupported
@@ -47,19 +52,20 @@ def output_hash(token_ids: list[int]) -> str:
     return hashlib.blake2b(np.asarray(token_ids, dtype=np.int32).tobytes(), digest_size=12).hexdigest()
 
 
-class Runner:
-    """Runs the cells of one experiment into one results folder."""
+def describe_exception(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()[:2000]
 
-    def __init__(self, loaded: LoadedExperiment, store: Store, reporter: Reporter | None = None) -> None:
+
+class RowMaker:
+    """Builds rows in the store's schema for one experiment run."""
+
+    def __init__(self, loaded: LoadedExperiment, run_id: str, prov: dict[str, Any]) -> None:
         self.loaded = loaded
         self.exp = loaded.experiment
-        self.store = store
-        self.reporter = reporter or SilentReporter()
-        self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
-        self.prov: dict[str, Any] = {}
+        self.run_id = run_id
+        self.prov = prov
 
-    # -- rows -------------------------------------------------------------------
-    def _base_row(self, cell: Cell, prompt_id: str, repeat: int, info: dict[str, Any]) -> dict[str, Any]:
+    def base(self, cell: Cell, prompt_id: str, repeat: int, info: dict[str, Any]) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "experiment": self.exp.name,
@@ -82,14 +88,16 @@ class Runner:
             **self.prov,
         }
 
-    def _status_rows(self, cell: Cell, status: str, error: str, info: dict[str, Any]) -> list[dict[str, Any]]:
+    def status_rows(self, cell: Cell, status: str, error: str, info: dict[str, Any] | None = None) -> list[dict]:
+        """Rows for a cell that did not run: one per prompt and repeat, so counts stay honest."""
         return [
-            self._base_row(cell, p.id, r, info) | {"status": status, "error": error}
+            self.base(cell, p.id, r, info or {}) | {"status": status, "error": error}
             for p in self.loaded.prompt_set.prompts
             for r in range(self.exp.repeats)
         ]
 
-    def _ok_row(self, base: dict[str, Any], out: BatchOutput) -> dict[str, Any]:
+    @staticmethod
+    def ok(base: dict[str, Any], out: BatchOutput) -> dict[str, Any]:
         t = out.target
         n = len(t.token_ids)
         return base | {
@@ -105,70 +113,115 @@ class Runner:
             "margins": t.margins,
             "prefill_s": out.prefill_s,
             "ttft_s": out.ttft_s,
-            "decode_s": out.target_s - out.prefill_s,
+            "decode_s": None if out.prefill_s is None else out.target_s - out.prefill_s,
             "wall_s": out.wall_s,
             "target_tokens_per_s": n / out.target_s if out.target_s > 0 else None,
             "batch_tokens_per_s": out.batch_generated_tokens / out.wall_s if out.wall_s > 0 else None,
         }
 
-    # -- running ------------------------------------------------------------------
-    def _run_cell(self, engine: Engine, cell: Cell, info: dict[str, Any]) -> list[dict[str, Any]]:
+
+class GroupRunner:
+    """Inside a worker: one engine load, then every cell of the group, each written when done."""
+
+    def __init__(self, loaded: LoadedExperiment, store: Store, reporter: Reporter, run_id: str) -> None:
+        self.loaded = loaded
+        self.exp = loaded.experiment
+        self.store = store
+        self.reporter = reporter
+        self.rows = RowMaker(loaded, run_id, provenance.collect())
+
+    def _cell(self, engine: Engine, cell: Cell, info: dict[str, Any]) -> list[dict[str, Any]]:
         sampling = cell.sampling(self.exp.max_tokens)
         prompt_set = self.loaded.prompt_set
         size = cell["batch_size"]
-        first = compose_batch(prompt_set, prompt_set.prompts[0], size, 0, self.exp.filler_seed)
-        engine.generate([p.text for p in first.prompts], first.target_position, replace(sampling, max_tokens=2))
+        warm = compose_batch(prompt_set, prompt_set.prompts[0], size, 0, self.exp.filler_seed)
+        try:  # warm-up: first use of a batch shape is not timed
+            engine.generate([p.text for p in warm.prompts], warm.target_position, replace(sampling, max_tokens=2))
+        except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
+            pass
         rows = []
         for prompt in prompt_set.prompts:
             for repeat in range(self.exp.repeats):
                 batch = compose_batch(prompt_set, prompt, size, repeat, self.exp.filler_seed)
-                base = self._base_row(cell, prompt.id, repeat, info) | {
+                base = self.rows.base(cell, prompt.id, repeat, info) | {
                     "batch_position": batch.target_position,
                     "filler_ids": list(batch.filler_ids),
                 }
                 try:
                     out = engine.generate([p.text for p in batch.prompts], batch.target_position, sampling)
-                    rows.append(self._ok_row(base, out))
+                    rows.append(self.rows.ok(base, out))
                 except Unsupported as exc:
                     rows.append(base | {"status": "unsupported", "error": str(exc)})
                 except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
-                    rows.append(base | {"status": "failed", "error": _describe(exc)})
+                    rows.append(base | {"status": "failed", "error": describe_exception(exc)})
                 self.reporter.advance(1)
         return rows
 
-    def _finish_cell(self, cell: Cell, rows: list[dict[str, Any]], result: RunResult) -> None:
-        self.store.write_cell(cell.id, rows)
-        result.ran.append(cell.id)
-        for row in rows:
-            result.statuses[row["status"]] = result.statuses.get(row["status"], 0) + 1
-
-    def _run_group(self, grp: Group, cells: list[Cell], result: RunResult) -> None:
+    def run(self, grp: Group, cells: list[Cell]) -> None:
         per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
-        cls = engine_class(grp.spec.engine)
-        reason = cls.refusal(grp.spec)
-        status = "unsupported"
-        if reason is None:
-            reason, status = provenance.gpu_matches(grp.spec.gpu, provenance.detect_gpus()), "skipped"
-        if reason is not None:
-            for cell in cells:
-                self._finish_cell(cell, self._status_rows(cell, status, reason, {}), result)
-                self.reporter.advance(per_cell)
-            self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
-            return
-        self.reporter.log(f"loading {grp.spec.engine} / {grp.spec.model} / {grp.spec.dtype}")
+        spec = grp.spec
+        self.reporter.log(f"loading {spec.engine} / {spec.model} / {spec.dtype}")
         try:
-            engine = cls(grp.spec, self.reporter.log, self.loaded.base_dir)
+            engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base_dir)
         except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"
             for cell in cells:
-                self._finish_cell(cell, self._status_rows(cell, status, _describe(exc), {}), result)
+                self.store.write_cell(cell.id, self.rows.status_rows(cell, status, describe_exception(exc)))
                 self.reporter.advance(per_cell)
-            self.reporter.log(f"[{grp.spec.engine}] load {status}: {exc}")
+            self.reporter.log(f"[{spec.engine}] load {status}: {exc}")
             return
         with engine:
             info = engine.describe()
             for cell in cells:
-                self._finish_cell(cell, self._run_cell(engine, cell, info), result)
+                self.store.write_cell(cell.id, self._cell(engine, cell, info))
+
+
+class Runner:
+    """Runs the cells of one experiment into one results folder, a worker process per group."""
+
+    def __init__(
+        self,
+        loaded: LoadedExperiment,
+        store: Store,
+        reporter: Reporter | None = None,
+        group_timeout_s: float | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.store = store
+        self.reporter = reporter or SilentReporter()
+        self.group_timeout_s = group_timeout_s
+        self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+    def _account(self, cells: list[Cell], result: RunResult) -> None:
+        for cell in cells:
+            if self.store.cell_path(cell.id).is_file():
+                result.ran.append(cell.id)
+                for status in self.store.statuses(cell.id):
+                    result.statuses[status] = result.statuses.get(status, 0) + 1
+
+    def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker) -> None:
+        per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats
+        cls = engine_class(grp.spec.engine)
+        reason, status = cls.refusal(grp.spec), "unsupported"
+        if reason is None:
+            reason, status = provenance.gpu_matches(grp.spec.gpu, provenance.detect_gpus()), "skipped"
+        if reason is not None:
+            for cell in cells:
+                self.store.write_cell(cell.id, rows.status_rows(cell, status, reason))
+                self.reporter.advance(per_cell)
+            self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
+            return
+        job = worker.Job(str(self.loaded.path), str(self.store.root), grp.id, [c.id for c in cells], self.run_id)
+        log_path = self.store.root / "logs" / f"{grp.id}.log"
+        outcome = worker.launch(job, cls.environment(grp.spec), log_path, self.reporter, self.group_timeout_s)
+        missing = [c for c in cells if not self.store.cell_path(c.id).is_file()]
+        if missing and outcome.cause == "":
+            outcome.cause = "engine worker ended without writing these cells"
+        for cell in missing:
+            self.store.write_cell(cell.id, rows.status_rows(cell, "failed", outcome.cause))
+            self.reporter.advance(per_cell)
+        if missing:
+            self.reporter.log(f"[{grp.spec.engine}] {len(missing)} cell(s) failed: {outcome.cause.splitlines()[0]}")
 
     def run(self, force: bool = False) -> RunResult:
         """Run every cell not already done; each finished cell is on disk before the next starts."""
@@ -181,16 +234,15 @@ class Runner:
             result.skipped_done += [c.id for c in grp.cells if c not in pending]
             if pending:
                 todo.append((grp, pending))
-        per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
+        per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats
         self.reporter.start(sum(len(p) for _, p in todo) * per_cell)
         if result.skipped_done:
             self.reporter.log(f"{len(result.skipped_done)} cell(s) already done; skipped (use --force to redo)")
-        self.prov = provenance.collect()
+        rows = RowMaker(self.loaded, self.run_id, provenance.collect())
         for grp, pending in todo:
-            self._run_group(grp, pending, result)
+            if force:
+                for cell in pending:
+                    self.store.cell_path(cell.id).unlink(missing_ok=True)
+            self._run_group(grp, pending, rows)
+            self._account(pending, result)
         return result
-
-
-def _describe(exc: BaseException) -> str:
-    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return last[:2000]

@@ -92,16 +92,17 @@ class Store:
     def cell_path(self, cell_id: str) -> Path:
         return self.cells_dir / f"{cell_id}.parquet"
 
+    def statuses(self, cell_id: str) -> list[str]:
+        """The status of each row of a cell; empty when the cell is absent or unreadable."""
+        try:
+            return pq.read_table(self.cell_path(cell_id), columns=["status"]).column("status").to_pylist()
+        except (pa.ArrowInvalid, OSError):
+            return []
+
     def is_done(self, cell_id: str) -> bool:
         """A cell is done when its file exists and none of its rows failed (those are retried)."""
-        path = self.cell_path(cell_id)
-        if not path.is_file():
-            return False
-        try:
-            statuses = pq.read_table(path, columns=["status"]).column("status").to_pylist()
-        except (pa.ArrowInvalid, OSError):
-            return False
-        return "failed" not in statuses
+        statuses = self.statuses(cell_id)
+        return bool(statuses) and "failed" not in statuses
 
     def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
         """Write all rows of a cell at once: a reader sees the whole cell or none of it."""

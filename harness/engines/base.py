@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -57,8 +58,8 @@ class BatchOutput:
 
     target: SequenceOutput
     prompt_tokens: int
-    prefill_s: float
-    ttft_s: float
+    prefill_s: float | None  # None where the engine does not expose it
+    ttft_s: float | None
     target_s: float
     wall_s: float
     batch_generated_tokens: int
@@ -81,8 +82,14 @@ class Engine(ABC):
         """A reason this engine will not run `spec`, known before loading; None if it may."""
         return None
 
+    @classmethod
+    def environment(cls, spec: LoadSpec) -> dict[str, str]:
+        """Environment variables the engine's process needs, set before the engine is imported."""
+        return {}
+
     @abstractmethod
-    def __init__(self, spec: LoadSpec, log: Log) -> None: ...
+    def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
+        """Load the model; `base` is the experiment's folder, for relative model paths."""
 
     @abstractmethod
     def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
