@@ -113,3 +113,26 @@ def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def hf_export(source: Path, log: Log) -> Path:
+    """A Hugging Face folder (float32 safetensors, tokenizer, chat template) made from a GGUF.
+
+    vLLM reads Hugging Face checkpoints; this lets it serve exactly the weights llama.cpp uses.
+    Made once into the cache (needs `transformers` and `gguf`), then reused.
+    """
+    target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-hf"
+    if (target / "config.json").is_file():
+        return target
+    log(f"exporting {source.name} to a Hugging Face folder at {target} (once; about 30 s)")
+    from harness.hf_convert import export  # needs the optional 'transformers' package
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    export(source, tmp)
+    if target.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    return target

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import traceback
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,6 +52,14 @@ class RunResult:
 def output_hash(token_ids: list[int]) -> str:
     """Hash of the token-id sequence; equal hashes mean identical outputs."""
     return hashlib.blake2b(np.asarray(token_ids, dtype=np.int32).tobytes(), digest_size=12).hexdigest()
+
+
+_REFUSAL = re.compile(r"not supported|unsupported|NotImplementedError|is not available|Cannot use", re.IGNORECASE)
+
+
+def _is_refusal(message: str) -> bool:
+    """An engine that says it does not support a setting refused it; anything else failed."""
+    return bool(_REFUSAL.search(message))
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -123,18 +133,30 @@ class RowMaker:
 class GroupRunner:
     """Inside a worker: one engine load, then every cell of the group, each written when done."""
 
-    def __init__(self, loaded: LoadedExperiment, store: Store, reporter: Reporter, run_id: str) -> None:
+    def __init__(
+        self, loaded: LoadedExperiment, store: Store, reporter: Reporter, run_id: str, log_path: Path | None = None
+    ) -> None:
+        self.log_path = log_path
         self.loaded = loaded
         self.exp = loaded.experiment
         self.store = store
         self.reporter = reporter
         self.rows = RowMaker(loaded, run_id, provenance.collect())
 
+    def _log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+
+    def _explain(self, exc: BaseException, since: int) -> str:
+        """The exception, plus the root causes the engine logged since byte `since` of the log."""
+        causes = [c for c in worker.root_causes(self.log_path, since) if c not in str(exc)]
+        return "; ".join([describe_exception(exc)] + causes)
+
     def _cell(self, engine: Engine, cell: Cell, info: dict[str, Any]) -> list[dict[str, Any]]:
         sampling = cell.sampling(self.exp.max_tokens)
         prompt_set = self.loaded.prompt_set
         size = cell["batch_size"]
         warm = compose_batch(prompt_set, prompt_set.prompts[0], size, 0, self.exp.filler_seed)
+        since = self._log_size()  # causes logged from here on explain this cell's failures
         try:  # warm-up: first use of a batch shape is not timed
             engine.generate([p.text for p in warm.prompts], warm.target_position, replace(sampling, max_tokens=2))
         except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
@@ -153,7 +175,7 @@ class GroupRunner:
                 except Unsupported as exc:
                     rows.append(base | {"status": "unsupported", "error": str(exc)})
                 except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
-                    rows.append(base | {"status": "failed", "error": describe_exception(exc)})
+                    rows.append(base | {"status": "failed", "error": self._explain(exc, since)})
                 self.reporter.advance(1)
         return rows
 
@@ -161,14 +183,16 @@ class GroupRunner:
         per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
         spec = grp.spec
         self.reporter.log(f"loading {spec.engine} / {spec.model} / {spec.dtype}")
+        since = self._log_size()
         try:
             engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base_dir)
         except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
-            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
+            message = self._explain(exc, since)
+            status = "unsupported" if isinstance(exc, Unsupported) or _is_refusal(message) else "failed"
             for cell in cells:
-                self.store.write_cell(cell.id, self.rows.status_rows(cell, status, describe_exception(exc)))
+                self.store.write_cell(cell.id, self.rows.status_rows(cell, status, message))
                 self.reporter.advance(per_cell)
-            self.reporter.log(f"[{spec.engine}] load {status}: {exc}")
+            self.reporter.log(f"[{spec.engine}] load {status}: {message}")
             return
         with engine:
             info = engine.describe()
@@ -211,8 +235,10 @@ class Runner:
                 self.reporter.advance(per_cell)
             self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
             return
-        job = worker.Job(str(self.loaded.path), str(self.store.root), grp.id, [c.id for c in cells], self.run_id)
         log_path = self.store.root / "logs" / f"{grp.id}.log"
+        job = worker.Job(
+            str(self.loaded.path), str(self.store.root), grp.id, [c.id for c in cells], self.run_id, str(log_path)
+        )
         outcome = worker.launch(job, cls.environment(grp.spec), log_path, self.reporter, self.group_timeout_s)
         missing = [c for c in cells if not self.store.cell_path(c.id).is_file()]
         if missing and outcome.cause == "":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -28,6 +29,7 @@ class Job:
     group_id: str
     cell_ids: list[str]
     run_id: str
+    log: str = ""
     fd: int = -1
 
     def to_json(self) -> str:
@@ -66,6 +68,31 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+_CAUSE = re.compile(r"\b([A-Z][A-Za-z]*(Error|Exception)|NotImplementedError|AssertionError): .+")
+
+
+def root_causes(path: Path | None, since: int = 0, most: int = 3) -> list[str]:
+    """The last distinct 'SomeError: message' lines a worker logged after byte `since`.
+
+    Engines that start helper processes (vLLM) raise a generic error in the caller and log
+    the real reason; this finds it.
+    """
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(since)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in text.splitlines():
+        match = _CAUSE.search(line)
+        if match and match.group(0) not in found:
+            found.append(match.group(0))
+    return found[-most:]
 
 
 def launch(job: Job, env: dict[str, str], log_path: Path, reporter: Any, timeout_s: float | None) -> Outcome:
@@ -150,7 +177,8 @@ def main(argv: list[str]) -> int:
     for grp in group(expand(loaded)):
         if grp.id == job.group_id:
             cells = [c for c in grp.cells if c.id in wanted]
-            GroupRunner(loaded, Store(Path(job.out)), reporter, job.run_id).run(grp, cells)
+            runner = GroupRunner(loaded, Store(Path(job.out)), reporter, job.run_id, Path(job.log) if job.log else None)
+            runner.run(grp, cells)
             return 0
     reporter.log(f"group {job.group_id} is not in {job.experiment}; was the file changed during the run?")
     return 3

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 _MODULES = {
     "llamacpp": "harness.engines.llamacpp",
+    "vllm": "harness.engines.vllm",
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(_MODULES)
 

