@@ -38,7 +38,8 @@ def _console() -> Console:
     return Console(stderr=False, highlight=False)
 
 
-def _summary_for(out: Path, reference: list[str]):
+def _summaries(out: Path, reference: list[str]):
+    """(per cell and prompt, slowdown) from a results folder; both also written as Parquet."""
     from harness import metrics
     from harness.store import Store
 
@@ -46,7 +47,21 @@ def _summary_for(out: Path, reference: list[str]):
     if not store.cell_files():
         raise HarnessError(f"{out}: no results here (expected {out}/cells/*.parquet)")
     rows = store.read_rows(columns=metrics.ROW_COLUMNS)
-    return metrics.summarize(rows, store.tokens_for, metrics.parse_reference(reference or []))
+    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(reference or []))
+    cost = metrics.slowdown(rows)
+    summary.to_parquet(out / "summary.parquet", index=False)
+    cost.to_parquet(out / "slowdown.parquet", index=False)
+    return summary, cost
+
+
+def _print_summaries(console: Console, title: str, summary, cost) -> None:
+    from harness.report.table import slowdown_table, summary_table, verdict_lines
+
+    console.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
+    for line in verdict_lines(summary):
+        console.print(line)
+    if not cost.empty:
+        console.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))
 
 
 @app.command()
@@ -94,7 +109,6 @@ def run(
     """Run an experiment. Finished cells are kept on disk; the same command again resumes."""
     from harness.config import load_experiment
     from harness.report.progress import RichReporter
-    from harness.report.table import summary_table, verdict_lines
     from harness.runner import Runner
     from harness.store import Store
 
@@ -117,11 +131,7 @@ def run(
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items())) or "nothing new"
     console.print(f"ran {len(result.ran)} cell(s) ({counts}); {len(result.skipped_done)} already done")
     if summary:
-        frame = _summary_for(out, reference)
-        frame.to_parquet(out / "summary.parquet", index=False)
-        console.print(summary_table(frame, f"{loaded.experiment.name} (reference: {frame['reference'].iloc[0]})"))
-        for line in verdict_lines(frame):
-            console.print(line)
+        _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
         console.print(f"rows: {out}/cells/*.parquet   summary: {out}/summary.parquet")
 
 
@@ -130,23 +140,24 @@ def summarize(
     results: Path = typer.Argument(..., help="Results folder written by 'harness run'."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
+    what: str = typer.Option(
+        "cells", "--what", help="With json/csv: 'cells' (per cell and prompt) or 'slowdown' (batch-invariant cost)."
+    ),
 ) -> None:
-    """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence."""
-    from harness.report.table import summary_table, verdict_lines
-
+    """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence;
+    and, where cells differ only in batch_invariant, what the mode costs."""
     if fmt not in ("table", "json", "csv"):
         raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
-    frame = _summary_for(results, reference)
-    frame.to_parquet(results / "summary.parquet", index=False)
+    if what not in ("cells", "slowdown"):
+        raise HarnessError(f"--what '{what}': allowed: cells, slowdown")
+    summary, cost = _summaries(results, reference)
+    frame = summary if what == "cells" else cost
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
-        console = _console()
-        console.print(summary_table(frame, f"{results} (reference: {frame['reference'].iloc[0]})"))
-        for line in verdict_lines(frame):
-            console.print(line)
+        _print_summaries(_console(), str(results), summary, cost)
 
 
 @models_app.callback()

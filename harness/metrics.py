@@ -21,6 +21,7 @@ KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
 DEFAULT_REFERENCE: dict[str, Any] = {"batch_size": 1}
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
+    "batch_tokens_per_s",
 ]
 
 
@@ -176,3 +177,44 @@ def summarize(
         "n_skipped", "error",
     ]
     return out[order].sort_values(group_cols, kind="stable").reset_index(drop=True)
+
+
+SLOWDOWN_COLUMNS = [c for c in KEY_COLUMNS if c != "batch_invariant"]
+
+
+def slowdown(rows: pd.DataFrame) -> pd.DataFrame:
+    """What batch-invariant mode costs: cells that differ only in `batch_invariant`, paired.
+
+    Runs are paired by prompt and repeat (the same batch composition), so each pair gives one
+    ratio; the median and the spread over pairs are reported. `throughput_ratio` is tokens/s
+    with the mode off divided by on (above 1: the mode is slower); `latency_ratio` is the
+    request's time to its last token, on divided by off. Engine start and warm-up are not in
+    these timings.
+    """
+    ok = rows[(rows["status"] == "ok") & rows["target_tokens_per_s"].notna()]
+    keys = SLOWDOWN_COLUMNS + ["prompt_id", "repeat"]
+    cols = keys + ["batch_tokens_per_s", "target_tokens_per_s", "n_tokens"]
+    off = ok[~ok["batch_invariant"].astype(bool)][cols]
+    on = ok[ok["batch_invariant"].astype(bool)][cols]
+    pairs = off.merge(on, on=keys, suffixes=("_off", "_on"))
+    if pairs.empty:
+        return pd.DataFrame(columns=SLOWDOWN_COLUMNS + ["pairs", "throughput_ratio", "latency_ratio"])
+    pairs["throughput"] = pairs["batch_tokens_per_s_off"] / pairs["batch_tokens_per_s_on"]
+    latency_on = pairs["n_tokens_on"] / pairs["target_tokens_per_s_on"]
+    latency_off = pairs["n_tokens_off"] / pairs["target_tokens_per_s_off"]
+    pairs["latency"] = latency_on / latency_off
+    g = pairs.groupby(SLOWDOWN_COLUMNS, dropna=False)
+    out = pd.DataFrame(
+        {
+            "pairs": g.size(),
+            "throughput_ratio": g["throughput"].median(),
+            "throughput_ratio_min": g["throughput"].min(),
+            "throughput_ratio_max": g["throughput"].max(),
+            "latency_ratio": g["latency"].median(),
+            "latency_ratio_min": g["latency"].min(),
+            "latency_ratio_max": g["latency"].max(),
+            "tokens_per_s_off": g["batch_tokens_per_s_off"].median(),
+            "tokens_per_s_on": g["batch_tokens_per_s_on"].median(),
+        }
+    )
+    return out.reset_index()

@@ -124,3 +124,11 @@ def test_dtype_aliases_and_scalars(write):
     loaded = load_experiment(write("exp.yaml", GOOD.replace("batch_size: [1, 2]", "batch_size: 1\n  dtype: float16")))
     assert loaded.experiment.matrix.dtype == ["f16"]
     assert loaded.experiment.matrix.batch_size == [1]
+
+
+def test_every_shipped_config_is_valid():
+    root = Path(__file__).resolve().parent.parent / "configs"
+    files = sorted(root.rglob("*.yaml"))
+    assert len(files) >= 6
+    for path in files:
+        assert expand(load_experiment(path)), path

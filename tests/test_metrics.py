@@ -114,3 +114,19 @@ def test_parse_reference_errors():
         metrics.parse_reference(["dtype=f12"])
     assert metrics.parse_reference([]) == {"batch_size": 1}
     assert metrics.parse_reference(["batch_invariant=true", "batch_size=2"]) == {"batch_invariant": True, "batch_size": 2}
+
+
+def test_slowdown_pairs_runs_that_differ_only_in_batch_invariant():
+    rows = []
+    for bi, speed in ((False, 30.0), (True, 10.0)):
+        for repeat in range(3):
+            rows.append(SETTINGS | {"batch_size": 4, "batch_invariant": bi, "prompt_id": "p", "repeat": repeat,
+                                    "status": "ok", "n_tokens": 60, "target_tokens_per_s": speed / 2 * (1 + repeat),
+                                    "batch_tokens_per_s": speed * (1 + repeat)})
+    rows.append(SETTINGS | {"batch_size": 8, "batch_invariant": False, "prompt_id": "p", "repeat": 0,
+                            "status": "ok", "n_tokens": 60, "target_tokens_per_s": 5.0, "batch_tokens_per_s": 9.0})
+    cost = metrics.slowdown(pd.DataFrame(rows))
+    assert len(cost) == 1 and cost.iloc[0].batch_size == 4  # batch 8 has no partner
+    rec = cost.iloc[0]
+    assert (rec.pairs, rec.throughput_ratio, rec.latency_ratio) == (3, 3.0, 3.0)
+    assert rec.throughput_ratio_min == rec.throughput_ratio_max == 3.0

