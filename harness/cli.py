@@ -105,6 +105,9 @@ def run(
     timeout: Optional[float] = typer.Option(
         None, "--timeout", help="Seconds one engine group may take; past it its unfinished cells are failed."
     ),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run share I of N (0 <= I < N), e.g. 0/4; for array jobs."),
+    cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids, comma-separated (see 'harness plan')."),
+    where: list[str] = typer.Option([], "--where", help="Only cells with AXIS=VALUE (repeatable), e.g. --where gpu=A100."),
 ) -> None:
     """Run an experiment. Finished cells are kept on disk; the same command again resumes."""
     from harness.config import load_experiment
@@ -112,16 +115,25 @@ def run(
     from harness.runner import Runner
     from harness.store import Store
 
+    from harness.selection import Selection, parse_shard
+    from harness.status import remember_source
+
     loaded = load_experiment(experiment)
+    selection = Selection(
+        shard=parse_shard(shard) if shard else None,
+        cell_ids=frozenset(c.strip() for c in cells.split(",") if c.strip()) if cells else None,
+        where=_parse_where(where),
+    )
     out = out or Path("results") / loaded.experiment.name
     store = Store(out)
     store.write_meta("experiment.yaml", Path(experiment).read_text(encoding="utf-8"))
+    remember_source(store, Path(experiment))
     console = _console()
     console.print(f"[bold]{loaded.experiment.name}[/bold] -> {out}")
     with RichReporter(console) as reporter:
         runner = Runner(loaded, store, reporter, group_timeout_s=timeout)
         try:
-            result = runner.run(force=force)
+            result = runner.run(force=force, selection=selection)
         except KeyboardInterrupt:
             reporter.progress.stop()
             done = len(store.cell_files())
@@ -133,6 +145,12 @@ def run(
     if summary:
         _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
         console.print(f"rows: {out}/cells/*.parquet   summary: {out}/summary.parquet")
+
+
+def _parse_where(items: list[str]) -> dict[str, Any]:
+    from harness.metrics import parse_reference
+
+    return parse_reference(items) if items else {}
 
 
 @app.command()
@@ -158,6 +176,134 @@ def summarize(
         sys.stdout.write(frame.to_csv(index=False))
     else:
         _print_summaries(_console(), str(results), summary, cost)
+
+
+@app.command()
+def submit(
+    experiment: Path = typer.Argument(..., help="Experiment YAML file (its 'cluster:' section sets resources)."),
+    scheduler: str = typer.Option(..., "--scheduler", "-s", help="slurm or pbs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Shared results folder [default: results/<name>]."),
+    cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids (e.g. to resubmit failed ones)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Write and print the job scripts; submit nothing."),
+) -> None:
+    """Submit the experiment as array jobs: one job per GPU type, one array task per shard."""
+    from harness import cluster
+    from harness.config import load_experiment
+    from harness.status import remember_source
+    from harness.store import Store
+
+    loaded = load_experiment(experiment)
+    out = out or Path("results") / loaded.experiment.name
+    store = Store(out)
+    store.write_meta("experiment.yaml", Path(experiment).read_text(encoding="utf-8"))
+    remember_source(store, Path(experiment))
+    ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
+    jobs = cluster.write_jobs(loaded, out, scheduler, ids)
+    console = _console()
+    if dry_run:
+        for job in jobs:
+            console.print(f"[bold]{job.script}[/bold]  ({job.cells} cells, {job.shards} array tasks)")
+            sys.stdout.write(Path(job.script).read_text() + "\n")
+        return
+    for job in cluster.submit(jobs, out):
+        console.print(f"gpu={job.gpu}: job {job.job_id}, {job.shards} array task(s), {job.cells} cells ({job.script})")
+    console.print(f"follow with: harness status {out}")
+
+
+@app.command()
+def status(
+    results: Path = typer.Argument(..., help="Results folder."),
+    experiment: Optional[Path] = typer.Option(None, "--experiment", help="The experiment, if not the recorded one."),
+    ids: Optional[str] = typer.Option(
+        None, "--ids", help="Print only the ids of cells in these states (comma-separated: missing,failed,...)."
+    ),
+) -> None:
+    """Which cells are done, failed, unsupported, skipped or missing, from what is on disk."""
+    from harness.status import cell_states, experiment_for
+    from harness.store import Store
+
+    states = cell_states(experiment_for(results, experiment), Store(results))
+    if ids is not None:
+        wanted = {s.strip() for s in ids.split(",")}
+        sys.stdout.write(",".join(s.cell.id for s in states if s.state in wanted) + "\n")
+        return
+    console = _console()
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s.state] = counts.get(s.state, 0) + 1
+    console.print(f"{results}: {len(states)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    pending = [s for s in states if s.state != "done"]
+    if pending:
+        table = Table(title="cells not done", title_justify="left")
+        for col in ("cell", "state", "engine", "gpu", "batch", "dtype", "error"):
+            table.add_column(col)
+        for s in pending:
+            c = s.cell
+            table.add_row(c.id, s.state, str(c["engine"]), str(c["gpu"]), str(c["batch_size"]), str(c["dtype"]),
+                          s.error[:80])
+        console.print(table)
+        console.print(f"resubmit: harness submit FILE --scheduler ... --cells $(harness status {results} --ids missing,failed)")
+
+
+@app.command()
+def merge(
+    sources: list[Path] = typer.Argument(..., help="Results folders to combine (e.g. one per cluster or GPU)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder that receives every cell."),
+) -> None:
+    """Combine results folders into one dataset; a cell present twice keeps its first copy."""
+    import shutil
+
+    from harness.store import Store
+
+    target = Store(out)
+    target.cells_dir.mkdir(parents=True, exist_ok=True)
+    copied, kept = 0, []
+    for source in sources:
+        for path in Store(source).cell_files():
+            if target.cell_path(path.stem).exists():
+                if path.resolve() != target.cell_path(path.stem).resolve():
+                    kept.append(path)
+                continue
+            shutil.copy2(path, target.cells_dir / f".{path.name}.merge.tmp")
+            (target.cells_dir / f".{path.name}.merge.tmp").rename(target.cell_path(path.stem))
+            copied += 1
+    for name in ("experiment.yaml", "source.json"):
+        for source in sources:
+            if (source / name).is_file() and not (out / name).exists():
+                shutil.copy2(source / name, out / name)
+    _console().print(f"{copied} cell(s) copied into {out}; {len(kept)} already there (first copy kept)")
+
+
+@app.command()
+def check(
+    results: Path = typer.Argument(..., help="Results folder."),
+    expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list [default: the experiment's]."),
+    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
+) -> None:
+    """Gate CI on determinism and cost: exit 0 when every expectation holds, 1 when one fails, 2 on bad rules."""
+    from harness import gate
+    from harness.config import load_expectations
+    from harness.status import experiment_for
+
+    if expect is not None:
+        rules = load_expectations(expect)
+    else:
+        rules = experiment_for(results).experiment.expect
+        if not rules:
+            raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
+    summary, cost = _summaries(results, reference)
+    verdicts = gate.evaluate(rules, summary, cost)
+    table = Table(title=f"{results}: expectations", title_justify="left")
+    for col in ("rule", "verdict", "detail"):
+        table.add_column(col)
+    for v in verdicts:
+        table.add_row(v.rule, "[green]pass[/green]" if v.passed else "[red]FAIL[/red]", v.detail)
+    _console().print(table)
+    if junit is not None:
+        junit.write_text(gate.junit(verdicts, f"harness-check {results.name}"))
+    if not all(v.passed for v in verdicts):
+        raise typer.Exit(1)
 
 
 @models_app.callback()
@@ -194,7 +340,10 @@ def models_export(
 def main(argv: Optional[list[str]] = None) -> Any:
     """Entry point: user errors print one clear message and exit 1 (2 for bad input)."""
     try:
-        return app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # without standalone mode, Exit(n) returns n
+        if isinstance(code, int) and code:
+            sys.exit(code)
+        return None
     except HarnessError as exc:
         Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}", soft_wrap=True)
         sys.exit(exc.exit_code)

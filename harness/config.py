@@ -120,6 +120,41 @@ class PromptSpec(Strict):
     text: str = Field(min_length=1)
 
 
+class GpuResources(Strict):
+    """Scheduler resources for the cells of one GPU type."""
+
+    partition: str | None = None  # SLURM
+    gres: str | None = None  # SLURM, e.g. gpu:a100:1
+    constraint: str | None = None  # SLURM
+    queue: str | None = None  # PBS
+    select: str | None = None  # PBS, e.g. select=1:ncpus=8:ngpus=1:mem=32gb
+
+
+class Cluster(Strict):
+    """How `harness submit` asks a scheduler for resources: per GPU type, plus common settings."""
+
+    time: str = Field("04:00:00", pattern=r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
+    mem: str = Field("16G", pattern=r"^\d+[KMGT]?B?$")
+    cpus: int = Field(4, ge=1)
+    shards: int | None = Field(None, ge=1, description="array tasks per GPU type; default: one per engine load")
+    account: str | None = None
+    python: str | None = Field(None, description="interpreter on the nodes; default: the one running 'harness submit'")
+    setup: list[str] = []
+    gpus: dict[str, GpuResources] = {}
+
+
+class Expectation(Strict):
+    """One CI rule, checked by `harness check` against the statistics of matching cells."""
+
+    name: str | None = None
+    where: dict[str, Any] = {}
+    unique_outputs: int | None = Field(None, ge=1, description="at most this many distinct outputs per cell and prompt")
+    match_rate_min: float | None = Field(None, ge=0, le=1)
+    divergence_rate_max: float | None = Field(None, ge=0, le=1)
+    slowdown_max: float | None = Field(None, gt=0, description="batch-invariant throughput ratio, off / on")
+    status: str | None = Field(None, pattern="^(ok|failed|unsupported|skipped)$", description="every row has this status")
+
+
 class Experiment(Strict):
     """A validated experiment: what to run, how often, and with which engine options."""
 
@@ -134,6 +169,8 @@ class Experiment(Strict):
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
     engine_options: dict[str, dict[str, Any]] = {}
+    cluster: Cluster = Cluster()
+    expect: list[Expectation] = []
 
     @field_validator("engine_options")
     @classmethod
@@ -167,25 +204,28 @@ def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tu
 
 
 def _check_entries(
-    source: yamlsrc.Source, section: str, entries: list[dict[str, Any]]
+    source: yamlsrc.Source, section: str, entries: list[dict[str, Any]], loc_prefix: tuple | None = None
 ) -> list[dict[str, Any]]:
-    """Validate include/exclude entries: keys are axes, values pass the axis' own checks."""
+    """Validate include/exclude/where entries: keys are axes, values pass the axis' own checks."""
     out = []
     for index, entry in enumerate(entries):
-        loc = (section, index)
+        loc = loc_prefix or (section, index)
         if not entry:
+            if loc_prefix is not None:
+                out.append({})
+                continue
             raise ConfigError(f"{source.where(loc)}: {section}[{index}]: empty entry")
         unknown = [k for k in entry if k not in AXES]
         if unknown:
             raise ConfigError(
-                f"{source.where(loc + (unknown[0],))}: {section}[{index}].{unknown[0]}: "
+                f"{source.where(loc + (unknown[0],))}: {yamlsrc.format_loc(loc + (unknown[0],))}: "
                 f"unknown axis; allowed: {', '.join(AXES)}"
             )
         probe = {"model": ["x"], **{k: [v] for k, v in entry.items()}}
         try:
             checked = Matrix.model_validate(probe)
         except ValidationError as exc:
-            raise ConfigError(_validation_message(source, exc, prefix=(section, index))) from None
+            raise ConfigError(_validation_message(source, exc, prefix=loc)) from None
         out.append({k: getattr(checked, k)[0] for k in entry})
     return out
 
@@ -227,6 +267,12 @@ def load_experiment(path: Path | str) -> LoadedExperiment:
 
     include = _check_entries(source, "include", experiment.include)
     exclude = _check_entries(source, "exclude", experiment.exclude)
+    for index, rule in enumerate(experiment.expect):
+        _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"))
+        if all(getattr(rule, k) is None for k in ("unique_outputs", "match_rate_min", "divergence_rate_max",
+                                                  "slowdown_max", "status")):
+            raise ConfigError(f"{source.where(('expect', index))}: expect[{index}]: no condition; give one of "
+                              "unique_outputs, match_rate_min, divergence_rate_max, slowdown_max, status")
 
     largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
     if largest > 1 and not prompt_set.fillers:
@@ -243,3 +289,19 @@ def load_experiment(path: Path | str) -> LoadedExperiment:
         include=include,
         exclude=exclude,
     )
+
+
+class _ExpectFile(Strict):
+    expect: list[Expectation] = Field(min_length=1)
+
+
+def load_expectations(path: Path | str) -> list[Expectation]:
+    """An `expect:` list from its own YAML file (for `harness check --expect`)."""
+    source = yamlsrc.load(Path(path))
+    try:
+        rules = _ExpectFile.model_validate(source.data).expect
+    except ValidationError as exc:
+        raise ConfigError(_validation_message(source, exc)) from None
+    for index, rule in enumerate(rules):
+        _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"))
+    return rules

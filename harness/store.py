@@ -69,6 +69,10 @@ ROW_SCHEMA = pa.schema(
         ("gpu_name", pa.string()),
         ("gpu_count", pa.int32()),
         ("gpu_driver", pa.string()),
+        ("gpu_uuid", pa.string()),
+        ("gpu_compute_cap", pa.string()),
+        ("cuda_version", pa.string()),
+        ("library_versions", pa.string()),
         ("python_version", pa.string()),
         ("harness_version", pa.string()),
         ("git_commit", pa.string()),
@@ -161,3 +165,6 @@ class Store:
         for h, toks in zip(table.column("output_hash").to_pylist(), table.column("token_ids").to_pylist()):
             out.setdefault(h, toks)
         return out
+
+    def read_cell(self, cell_id: str, columns: list[str] | None = None) -> pd.DataFrame:
+        return pq.read_table(self.cell_path(cell_id), columns=columns).to_pandas()

@@ -83,7 +83,7 @@ def load(path: Path) -> Source:
     return Source(path=path, data=data, lines=lines)
 
 
-def _format_loc(loc: Loc) -> str:
+def format_loc(loc: Loc) -> str:
     parts: list[str] = []
     for item in loc:
         parts.append(f"[{item}]" if isinstance(item, int) else ("." if parts else "") + str(item))
@@ -113,7 +113,7 @@ def validation_message(
             msg = "empty list; give at least one value"
         elif err["type"] == "missing":
             msg = "required key is missing"
-        line = f"{source.where(loc)}: {_format_loc(loc)}: {msg}"
+        line = f"{source.where(loc)}: {format_loc(loc)}: {msg}"
         if line not in out:
             out.append(line)
     return "\n".join(out)
