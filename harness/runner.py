@@ -128,6 +128,7 @@ class RowMaker:
             "wall_s": out.wall_s,
             "target_tokens_per_s": n / out.target_s if out.target_s > 0 else None,
             "batch_tokens_per_s": out.batch_generated_tokens / out.wall_s if out.wall_s > 0 else None,
+            "engine_detail": json.dumps(out.detail, sort_keys=True, default=str),
         }
 
 
@@ -240,7 +241,8 @@ class Runner:
         job = worker.Job(
             str(self.loaded.path), str(self.store.root), grp.id, [c.id for c in cells], self.run_id, str(log_path)
         )
-        outcome = worker.launch(job, cls.environment(grp.spec), log_path, self.reporter, self.group_timeout_s)
+        env = cls.environment(grp.spec) | {"HARNESS_LOG_DIR": str(log_path.parent.resolve())}
+        outcome = worker.launch(job, env, log_path, self.reporter, self.group_timeout_s)
         missing = [c for c in cells if not self.store.cell_path(c.id).is_file()]
         if missing and outcome.cause == "":
             outcome.cause = "engine worker ended without writing these cells"

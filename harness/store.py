@@ -53,6 +53,7 @@ ROW_SCHEMA = pa.schema(
         ("output_hash", pa.string()),
         ("logprobs", pa.list_(pa.float32())),
         ("margins", pa.list_(pa.float32())),
+        ("engine_detail", pa.string()),
         # timing
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("prefill_s", pa.float64()),

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "llamacpp": "harness.engines.llamacpp",
     "vllm": "harness.engines.vllm",
+    "llama-server": "harness.engines.llama_server",
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(_MODULES)
 

@@ -63,6 +63,8 @@ class BatchOutput:
     target_s: float
     wall_s: float
     batch_generated_tokens: int
+    #: engine-specific facts about this generation (e.g. the server slot), stored as JSON
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 Log = Callable[[str], None]

