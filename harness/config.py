@@ -242,7 +242,10 @@ def load_experiment(path: Path | str) -> LoadedExperiment:
         raise ConfigError(_validation_message(source, exc)) from None
 
     engine_options: dict[str, dict[str, Any]] = {}
+    used = set(experiment.matrix.engine) | {e.get("engine") for e in experiment.include} | set(experiment.engine_options)
     for engine in ENGINE_NAMES:
+        if engine not in used:
+            continue
         raw = experiment.engine_options.get(engine, {}) or {}
         try:
             engine_options[engine] = options_model(engine).model_validate(raw).model_dump()

@@ -12,6 +12,7 @@ _MODULES = {
     "llamacpp": "harness.engines.llamacpp",
     "vllm": "harness.engines.vllm",
     "llama-server": "harness.engines.llama_server",
+    "openai": "harness.engines.openai",
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(_MODULES)
 

