@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,41 @@ def get_json(url: str, timeout: float = 10) -> dict[str, Any]:
             return json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise RuntimeError(f"cannot read {url}: {exc}") from None
+
+
+@dataclass
+class Concurrent:
+    """Answers of requests sent together, with each one's (start, end) on the client's clock."""
+
+    answers: list[dict[str, Any]]
+    spans: list[tuple[float, float]]
+    wall_s: float
+
+    @property
+    def overlapped(self) -> bool:
+        """True when every request was in flight at one moment: they really shared the server."""
+        return max(s for s, _ in self.spans) < min(e for _, e in self.spans)
+
+
+def post_concurrently(url: str, bodies: list[dict[str, Any]], timeout: float,
+                      headers: dict[str, str] | None = None) -> Concurrent:
+    """POST all bodies at once (one thread each, released together by a barrier)."""
+    n = len(bodies)
+    barrier = threading.Barrier(n)
+    spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
+
+    def send(i: int) -> dict[str, Any]:
+        barrier.wait()
+        start = time.perf_counter()
+        try:
+            return post_json(url, bodies[i], timeout, headers)
+        finally:
+            spans[i] = (start, time.perf_counter())
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        answers = list(pool.map(send, range(n)))
+    return Concurrent(answers, spans, time.perf_counter() - t0)
 
 
 class ManagedServer:

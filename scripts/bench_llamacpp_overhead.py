@@ -10,16 +10,15 @@ hits both alike. Prints aggregate tokens/s of each and the ratio harness / bare 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
 from harness.engines.base import LoadSpec, Sampling
 from harness.engines.llamacpp import LlamaCppEngine
 from harness.prompts import compose_batch, load_prompt_set
-from pathlib import Path
 
 
 def bare_generate(engine: LlamaCppEngine, tokens: list[list[int]], max_tokens: int) -> int:

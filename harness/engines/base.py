@@ -40,6 +40,10 @@ class Sampling:
     seed: int
     max_tokens: int
 
+    def seed_for(self, position: int, target: int) -> int:
+        """The target uses the cell's seed wherever it sits; fillers get seeds derived from it."""
+        return self.seed if position == target else (self.seed + 7919 * (position + 1)) % (2**32 - 1)
+
 
 @dataclass
 class SequenceOutput:

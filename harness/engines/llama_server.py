@@ -11,9 +11,6 @@ import math
 import os
 import shutil
 import subprocess
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +27,7 @@ from harness.engines.base import (
     SequenceOutput,
     Unsupported,
 )
-from harness.server_process import ManagedServer, free_port, post_json
+from harness.server_process import ManagedServer, free_port, post_concurrently, post_json
 
 
 class LlamaServerOptions(EngineOptions):
@@ -143,32 +140,19 @@ class LlamaServerEngine(Engine):
                 "top_p": sampling.top_p,
                 "min_p": 0.0,
                 "repeat_penalty": 1.0,
-                "seed": sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1),
+                "seed": sampling.seed_for(i, target),
                 "n_probs": 2,
                 "return_tokens": True,
                 "cache_prompt": False,
                 "ignore_eos": self.opts.ignore_eos,
             })
-        barrier = threading.Barrier(n)
-        spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
-
-        def send(i: int) -> dict[str, Any]:
-            barrier.wait()
-            start = time.perf_counter()
-            try:
-                return post_json(f"{self.url}/completion", bodies[i], self.opts.request_timeout_s)
-            finally:
-                spans[i] = (start, time.perf_counter())
-
-        t0 = time.perf_counter()
         try:
-            with ThreadPoolExecutor(max_workers=n) as pool:
-                answers = list(pool.map(send, range(n)))
+            sent = post_concurrently(f"{self.url}/completion", bodies, self.opts.request_timeout_s)
         except RuntimeError as exc:
             if not self.server.alive():
                 raise RuntimeError(f"llama-server died: {exc}; log: {self.server.log_tail()}") from None
             raise
-        wall = time.perf_counter() - t0
+        answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
         ids = [int(t) for t in answer.get("tokens", [])]
         chosen, margins = [], []
@@ -177,7 +161,6 @@ class LlamaServerEngine(Engine):
             top = step.get("top_logprobs", [])
             margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
         timings = answer.get("timings", {})
-        overlap = max(s for s, _ in spans) < min(e for _, e in spans)
         finish = "length" if answer.get("stop_type") == "limit" else "stop"
         return BatchOutput(
             target=SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins),
@@ -190,7 +173,7 @@ class LlamaServerEngine(Engine):
             detail={
                 "id_slot": answer.get("id_slot"),
                 "slots_used": sorted({a.get("id_slot") for a in answers}),
-                "requests_overlapped": overlap,
+                "requests_overlapped": sent.overlapped,
                 "server_prompt_ms": timings.get("prompt_ms"),
                 "server_predicted_ms": timings.get("predicted_ms"),
             },

@@ -220,7 +220,7 @@ class LlamaCppEngine(Engine):
             if sampling.top_p < 1.0:
                 ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(sampling.top_p, 1))
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(sampling.temperature))
-            seed = sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1)
+            seed = sampling.seed_for(i, target)
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed))
             chains.append(chain)
         return chains

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ from pydantic import Field, model_validator
 
 from harness import models
 from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
-from harness.server_process import ManagedServer, free_port, get_json, post_json
+from harness.server_process import ManagedServer, free_port, get_json, post_concurrently
 
 
 class OpenAIOptions(EngineOptions):
@@ -104,7 +101,6 @@ class OpenAIEngine(Engine):
     def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
         if self.server is not None and not self.server.alive():
             raise RuntimeError(f"the launched server died: {self.server.log_tail()}")
-        n = len(prompts)
         bodies = []
         for i, text in enumerate(prompts):
             body: dict[str, Any] = {
@@ -113,29 +109,16 @@ class OpenAIEngine(Engine):
                 "max_tokens": sampling.max_tokens,
                 "temperature": sampling.temperature,
                 "top_p": sampling.top_p,
-                "seed": sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1),
+                "seed": sampling.seed_for(i, target),
                 "logprobs": True,
                 "top_logprobs": 2,
             }
             if self.opts.top_k:
                 body["top_k"] = sampling.top_k if sampling.top_k > 0 else -1
             bodies.append(body)
-        barrier = threading.Barrier(n)
-        spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
-
-        def send(i: int) -> dict[str, Any]:
-            barrier.wait()
-            start = time.perf_counter()
-            try:
-                return post_json(self.url + "/v1/chat/completions", bodies[i], self.opts.request_timeout_s,
+        sent = post_concurrently(self.url + "/v1/chat/completions", bodies, self.opts.request_timeout_s,
                                  headers=self._headers)
-            finally:
-                spans[i] = (start, time.perf_counter())
-
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            answers = list(pool.map(send, range(n)))
-        wall = time.perf_counter() - t0
+        answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
         choice = answer["choices"][0]
         text = choice.get("message", {}).get("content") or ""
@@ -161,7 +144,7 @@ class OpenAIEngine(Engine):
             batch_generated_tokens=sum(int(a.get("usage", {}).get("completion_tokens", 0)) for a in answers),
             detail={
                 "token_source": source,
-                "requests_overlapped": max(s for s, _ in spans) < min(e for _, e in spans),
+                "requests_overlapped": sent.overlapped,
                 "system_fingerprint": answer.get("system_fingerprint"),
                 "server_model": answer.get("model"),
                 "not_returned": missing,

@@ -153,7 +153,7 @@ class VllmEngine(Engine):
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                seed=sampling.seed if i == target else (sampling.seed + 7919 * (i + 1)) % (2**32 - 1),
+                seed=sampling.seed_for(i, target),
                 max_tokens=sampling.max_tokens,
                 logprobs=2,
                 ignore_eos=self.opts.ignore_eos,
