@@ -97,7 +97,7 @@ def plan(
 @app.command()
 def run(
     experiment: Path = typer.Argument(..., help="Experiment YAML file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder [default: results/<name>]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder (default: results/<name>)."),
     force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the summary table at the end."),
@@ -149,7 +149,7 @@ def run(
 def _parse_where(items: list[str]) -> dict[str, Any]:
     from harness.metrics import parse_reference
 
-    return parse_reference(items) if items else {}
+    return parse_reference(items, option="--where") if items else {}
 
 
 @app.command()
@@ -181,7 +181,7 @@ def summarize(
 def submit(
     experiment: Path = typer.Argument(..., help="Experiment YAML file (its 'cluster:' section sets resources)."),
     scheduler: str = typer.Option(..., "--scheduler", "-s", help="slurm or pbs."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Shared results folder [default: results/<name>]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Shared results folder (default: results/<name>)."),
     cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids (e.g. to resubmit failed ones)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Write and print the job scripts; submit nothing."),
 ) -> None:
@@ -276,7 +276,7 @@ def merge(
 @app.command()
 def check(
     results: Path = typer.Argument(..., help="Results folder."),
-    expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list [default: the experiment's]."),
+    expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list (default: the experiment's)."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
 ) -> None:

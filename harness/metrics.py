@@ -71,20 +71,20 @@ def upper95(diverged: int, runs: int) -> float | None:
     return hi
 
 
-def parse_reference(items: Iterable[str]) -> dict[str, Any]:
+def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[str, Any]:
     """'axis=value' strings -> typed overrides; empty -> the default (batch_size=1)."""
     out: dict[str, Any] = {}
     for item in items:
         axis, sep, value = item.partition("=")
         axis = axis.strip()
         if not sep or axis not in AXES:
-            raise HarnessError(f"--reference '{item}': expected AXIS=VALUE with AXIS one of {', '.join(AXES)}")
+            raise HarnessError(f"{option} '{item}': expected AXIS=VALUE with AXIS one of {', '.join(AXES)}")
         probe = {"model": ["x"], axis: [value.strip()]}
         try:
             out[axis] = getattr(Matrix.model_validate(probe), axis)[0]
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-            raise HarnessError(f"--reference '{item}': {msg}") from None
+            raise HarnessError(f"{option} '{item}': {msg}") from None
     return out or dict(DEFAULT_REFERENCE)
 
 
