@@ -10,6 +10,7 @@ import ctypes
 import logging
 import math
 import os
+from pathlib import Path
 import time
 from typing import Any, Literal
 
@@ -75,7 +76,7 @@ class LlamaCppEngine(Engine):
             return f"llama.cpp engine cannot use dtype '{spec.dtype}'"
         return None
 
-    def __init__(self, spec: LoadSpec, log: Log, base: os.PathLike | None = None) -> None:
+    def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
         import llama_cpp as ll  # imported here so that `plan` and `summarize` never need it
 
         logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if spec.options.get("verbose") else logging.ERROR)
