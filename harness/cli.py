@@ -274,6 +274,59 @@ def merge(
 
 
 @app.command()
+def compare(
+    a: Path = typer.Argument(..., help="First results folder (e.g. from an A100 node)."),
+    b: Path = typer.Argument(..., help="Second results folder (e.g. from an L40S node)."),
+    ignore: list[str] = typer.Option(["gpu"], "--ignore", help="Axes allowed to differ between A and B (repeatable)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv: one record per run)."),
+) -> None:
+    """Per prompt and matching setting: same or different between two folders, and where they split."""
+    from harness.compare import compare as run_compare
+    from harness.metrics import KEY_COLUMNS
+    from harness.store import Store
+
+    for axis in ignore:
+        if axis not in KEY_COLUMNS:
+            raise HarnessError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}")
+    for folder in (a, b):
+        if not Store(folder).cell_files():
+            raise HarnessError(f"{folder}: no results here (expected {folder}/cells/*.parquet)")
+    result = run_compare(Store(a), Store(b), tuple(ignore))
+    if fmt == "json":
+        sys.stdout.write(result.runs.to_json(orient="records", indent=1) + "\n")
+        return
+    if fmt == "csv":
+        sys.stdout.write(result.runs.to_csv(index=False))
+        return
+    console = _console()
+    keys = [k for k in KEY_COLUMNS if k not in ignore]
+    shown = [k for k in keys if result.per_setting[k].astype(str).nunique() > 1] or ["engine"]
+    table = Table(title=f"prompts changed: {b} vs {a} (first repeat)", title_justify="left")
+    for col in shown + ["prompts", "changed", "first divergence"]:
+        table.add_column(col)
+    for rec in result.per_setting.to_dict("records"):
+        first = rec["first_divergence_min"]
+        table.add_row(*[str(rec[k]) for k in shown], str(rec["prompts"]), str(rec["changed"]),
+                      "-" if pd_isna(first) else str(int(first)))
+    console.print(table)
+    differ = result.runs[~result.runs["same"] & (result.runs["repeat"] == 0)]
+    for rec in differ.head(20).to_dict("records"):
+        at = int(rec["first_divergence"])
+        console.print(f"[bold]{rec['prompt_id']}[/bold] ({', '.join(f'{k}={rec[k]}' for k in shown)}) splits at token {at}")
+        console.print(f"  A: {rec['text_a'][:160]!r}", markup=False)
+        console.print(f"  B: {rec['text_b'][:160]!r}", markup=False)
+    for label, frame in (("only in A", result.only_a), ("only in B", result.only_b)):
+        for rec in frame.to_dict("records"):
+            console.print(f"[yellow]{label}[/yellow]: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
+
+
+def pd_isna(value: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))
+
+
+@app.command()
 def check(
     results: Path = typer.Argument(..., help="Results folder."),
     expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list (default: the experiment's)."),

@@ -1,0 +1,71 @@
+"""Two result folders side by side (e.g. an A100 node's and an L40S node's): same or different.
+
+Runs are matched on every setting except the ignored axes (by default `gpu`), plus prompt and
+repeat. Settings present in only one folder are returned too, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from harness.errors import HarnessError
+from harness.metrics import KEY_COLUMNS, first_divergence
+from harness.store import Store
+
+COLUMNS = list(KEY_COLUMNS) + ["prompt_id", "repeat", "status", "output_hash", "text"]
+
+
+@dataclass
+class Comparison:
+    runs: pd.DataFrame  # one record per matched run
+    per_setting: pd.DataFrame  # prompts changed per setting (repeat 0), as in the source report
+    only_a: pd.DataFrame  # settings found only in A
+    only_b: pd.DataFrame
+
+
+def compare(a: Store, b: Store, ignore: tuple[str, ...] = ("gpu",)) -> Comparison:
+    keys = [k for k in KEY_COLUMNS if k not in ignore]
+    rows_a = a.read_rows(columns=COLUMNS)
+    rows_b = b.read_rows(columns=COLUMNS)
+    rows_a, rows_b = rows_a[rows_a.status == "ok"], rows_b[rows_b.status == "ok"]
+    match = keys + ["prompt_id", "repeat"]
+    for name, rows in (("A", rows_a), ("B", rows_b)):
+        if rows.duplicated(match).any():
+            varying = [k for k in ignore if rows[k].nunique() > 1]
+            raise HarnessError(
+                f"{name}: {', '.join(varying) or 'an ignored axis'} varies inside this folder, so runs cannot be "
+                "paired; ignore only axes that are constant within each folder"
+            )
+    joined = rows_a.merge(rows_b, on=match, how="outer", suffixes=("_a", "_b"), indicator=True)
+    settings_a = rows_a[keys].drop_duplicates()
+    settings_b = rows_b[keys].drop_duplicates()
+    only_a = settings_a.merge(settings_b, on=keys, how="left", indicator=True)
+    only_b = settings_b.merge(settings_a, on=keys, how="left", indicator=True)
+    runs = joined[joined["_merge"] == "both"].drop(columns="_merge").copy()
+    runs["same"] = runs["output_hash_a"] == runs["output_hash_b"]
+    differ = runs.loc[~runs["same"], ["output_hash_a", "output_hash_b"]].drop_duplicates()
+    tokens_a = a.tokens_for(set(differ["output_hash_a"]))
+    tokens_b = b.tokens_for(set(differ["output_hash_b"]))
+    split = {
+        (ha, hb): first_divergence(tokens_a[ha], tokens_b[hb]) for ha, hb in differ.itertuples(index=False)
+    }
+    runs["first_divergence"] = pd.array(
+        [None if same else split[(ha, hb)] for same, ha, hb in
+         zip(runs["same"], runs["output_hash_a"], runs["output_hash_b"])], dtype="Int64",
+    )
+    first = runs[runs["repeat"] == 0]
+    per_setting = (
+        first.groupby(keys, dropna=False)
+        .agg(prompts=("prompt_id", "nunique"), changed=("same", lambda s: int((~s).sum())),
+             first_divergence_min=("first_divergence", "min"))
+        .reset_index()
+    )
+    return Comparison(
+        runs=runs[match + ["gpu_a", "gpu_b", "same", "first_divergence", "text_a", "text_b"]]
+        if "gpu_a" in runs else runs,
+        per_setting=per_setting,
+        only_a=only_a[only_a["_merge"] == "left_only"][keys],
+        only_b=only_b[only_b["_merge"] == "left_only"][keys],
+    )

@@ -1,0 +1,55 @@
+"""`harness compare` on two result folders with known differences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from harness.runner import output_hash
+from harness.store import Store
+
+BASE = dict(model="m", engine="llamacpp", dtype="auto", batch_invariant=False, batch_size=1, seed=0,
+            temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, status="ok", error="")
+
+
+def _folder(root, gpu, outputs, extra_batch=None):
+    """outputs: prompt_id -> token ids (repeat 0) for batch size 1; extra_batch adds a batch-2 cell."""
+    store = Store(root)
+    rows = [BASE | {"gpu": gpu, "cell_id": f"c1-{gpu}", "prompt_id": p, "repeat": 0, "token_ids": t,
+                    "n_tokens": len(t), "text": " ".join(map(str, t)), "output_hash": output_hash(t)}
+            for p, t in outputs.items()]
+    store.write_cell(f"c1-{gpu}", rows)
+    if extra_batch:
+        t = [1, 2]
+        store.write_cell(f"c2-{gpu}", [BASE | {"gpu": gpu, "batch_size": 2, "cell_id": f"c2-{gpu}", "prompt_id": "p1",
+                                                "repeat": 0, "token_ids": t, "n_tokens": 2, "text": "1 2",
+                                                "output_hash": output_hash(t)}])
+    return root
+
+
+def _compare(a, b, *extra):
+    return subprocess.run([sys.executable, "-m", "harness", "compare", str(a), str(b), *extra],
+                          capture_output=True, text=True)
+
+
+def test_compare_finds_known_differences_and_lists_unmatched_settings(tmp_path):
+    a = _folder(tmp_path / "a100", "A100", {"p1": [1, 2, 3, 4], "p2": [5, 6, 7], "p3": [9, 9]}, extra_batch=True)
+    b = _folder(tmp_path / "l40s", "L40S", {"p1": [1, 2, 3, 4], "p2": [5, 6, 8], "p3": [9, 9, 9]})
+    out = _compare(a, b, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    runs = {r["prompt_id"]: r for r in json.loads(out.stdout)}
+    assert runs["p1"]["same"] is True and runs["p1"]["first_divergence"] is None
+    assert runs["p2"]["same"] is False and runs["p2"]["first_divergence"] == 2
+    assert runs["p3"]["first_divergence"] == 2  # a prefix diverges where it ends
+    assert (runs["p2"]["gpu_a"], runs["p2"]["gpu_b"]) == ("A100", "L40S")
+    table = _compare(a, b)
+    assert "prompts changed" in table.stdout and "p2" in table.stdout
+    assert "only in A" in table.stdout and "batch_size=2" in table.stdout  # not silently dropped
+
+
+def test_compare_refuses_an_ignored_axis_that_varies_inside_a_folder(tmp_path):
+    a = _folder(tmp_path / "a", "A100", {"p1": [1]}, extra_batch=True)
+    b = _folder(tmp_path / "b", "L40S", {"p1": [1]})
+    out = _compare(a, b, "--ignore", "gpu", "--ignore", "batch_size")
+    assert out.returncode == 1 and "batch_size varies inside this folder" in out.stderr
