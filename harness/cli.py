@@ -281,6 +281,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv: one record per run)."),
 ) -> None:
     """Per prompt and matching setting: same or different between two folders, and where they split."""
+    import pandas as pd
+
     from harness.compare import compare as run_compare
     from harness.metrics import KEY_COLUMNS
     from harness.store import Store
@@ -307,7 +309,7 @@ def compare(
     for rec in result.per_setting.to_dict("records"):
         first = rec["first_divergence_min"]
         table.add_row(*[str(rec[k]) for k in shown], str(rec["prompts"]), str(rec["changed"]),
-                      "-" if pd_isna(first) else str(int(first)))
+                      "-" if pd.isna(first) else str(int(first)))
     console.print(table)
     differ = result.runs[~result.runs["same"] & (result.runs["repeat"] == 0)]
     for rec in differ.head(20).to_dict("records"):
@@ -318,12 +320,6 @@ def compare(
     for label, frame in (("only in A", result.only_a), ("only in B", result.only_b)):
         for rec in frame.to_dict("records"):
             console.print(f"[yellow]{label}[/yellow]: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
-
-
-def pd_isna(value: Any) -> bool:
-    import pandas as pd
-
-    return bool(pd.isna(value))
 
 
 @app.command()

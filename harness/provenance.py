@@ -106,9 +106,9 @@ def allowed_env() -> dict[str, str]:
     }
 
 
-def collect() -> dict[str, Any]:
+def collect(gpus: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """Run-level provenance, the same for every row of one `harness run`."""
-    gpus = detect_gpus()
+    gpus = detect_gpus() if gpus is None else gpus
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),

@@ -26,6 +26,7 @@ from harness.engines.base import BatchOutput, Engine, Unsupported
 from harness.matrix import Cell, Group, expand, group
 from harness.prompts import compose_batch
 from harness.selection import Selection, apply
+from harness.server_process import LOG_DIR_ENV
 from harness.store import SCHEMA_VERSION, Store
 
 
@@ -76,7 +77,20 @@ class RowMaker:
         self.run_id = run_id
         self.prov = prov
 
-    def base(self, cell: Cell, prompt_id: str, repeat: int, info: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def engine_columns(info: dict[str, Any]) -> dict[str, Any]:
+        """The row columns taken from an engine's describe(); computed once per engine load."""
+        return {
+            "model_file": info.get("model_file", ""),
+            "model_sha256": info.get("model_sha256", ""),
+            "engine_version": info.get("engine_version", ""),
+            "engine_info": json.dumps(
+                {k: v for k, v in info.items() if k not in ("engine_version", "model_file", "model_sha256")},
+                sort_keys=True,
+            ),
+        }
+
+    def base(self, cell: Cell, prompt_id: str, repeat: int, engine_cols: dict[str, Any]) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "experiment": self.exp.name,
@@ -88,21 +102,16 @@ class RowMaker:
             **cell.as_dict,
             "max_tokens": self.exp.max_tokens,
             "engine_options": json.dumps(dict(cell.engine_options), sort_keys=True),
-            "model_file": info.get("model_file", ""),
-            "model_sha256": info.get("model_sha256", ""),
-            "engine_version": info.get("engine_version", ""),
-            "engine_info": json.dumps(
-                {k: v for k, v in info.items() if k not in ("engine_version", "model_file", "model_sha256")},
-                sort_keys=True,
-            ),
+            **engine_cols,
             "started_at": datetime.now(timezone.utc),
             **self.prov,
         }
 
-    def status_rows(self, cell: Cell, status: str, error: str, info: dict[str, Any] | None = None) -> list[dict]:
+    def status_rows(self, cell: Cell, status: str, error: str) -> list[dict]:
         """Rows for a cell that did not run: one per prompt and repeat, so counts stay honest."""
+        engine_cols = self.engine_columns({})
         return [
-            self.base(cell, p.id, r, info or {}) | {"status": status, "error": error}
+            self.base(cell, p.id, r, engine_cols) | {"status": status, "error": error}
             for p in self.loaded.prompt_set.prompts
             for r in range(self.exp.repeats)
         ]
@@ -153,7 +162,7 @@ class GroupRunner:
         causes = [c for c in worker.root_causes(self.log_path, since) if c not in str(exc)]
         return "; ".join([describe_exception(exc)] + causes)
 
-    def _cell(self, engine: Engine, cell: Cell, info: dict[str, Any]) -> list[dict[str, Any]]:
+    def _cell(self, engine: Engine, cell: Cell, engine_cols: dict[str, Any]) -> list[dict[str, Any]]:
         sampling = cell.sampling(self.exp.max_tokens)
         prompt_set = self.loaded.prompt_set
         size = cell["batch_size"]
@@ -167,7 +176,7 @@ class GroupRunner:
         for prompt in prompt_set.prompts:
             for repeat in range(self.exp.repeats):
                 batch = compose_batch(prompt_set, prompt, size, repeat, self.exp.filler_seed)
-                base = self.rows.base(cell, prompt.id, repeat, info) | {
+                base = self.rows.base(cell, prompt.id, repeat, engine_cols) | {
                     "batch_position": batch.target_position,
                     "filler_ids": list(batch.filler_ids),
                 }
@@ -197,9 +206,9 @@ class GroupRunner:
             self.reporter.log(f"[{spec.engine}] load {status}: {message}")
             return
         with engine:
-            info = engine.describe()
+            engine_cols = self.rows.engine_columns(engine.describe())
             for cell in cells:
-                self.store.write_cell(cell.id, self._cell(engine, cell, info))
+                self.store.write_cell(cell.id, self._cell(engine, cell, engine_cols))
 
 
 class Runner:
@@ -225,12 +234,12 @@ class Runner:
                 for status in self.store.statuses(cell.id):
                     result.statuses[status] = result.statuses.get(status, 0) + 1
 
-    def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker) -> None:
+    def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker, gpus: list[dict[str, str]]) -> None:
         per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats
         cls = engine_class(grp.spec.engine)
         reason, status = cls.refusal(grp.spec), "unsupported"
         if reason is None:
-            reason, status = provenance.gpu_matches(grp.spec.gpu, provenance.detect_gpus()), "skipped"
+            reason, status = provenance.gpu_matches(grp.spec.gpu, gpus), "skipped"
         if reason is not None:
             for cell in cells:
                 self.store.write_cell(cell.id, rows.status_rows(cell, status, reason))
@@ -241,7 +250,7 @@ class Runner:
         job = worker.Job(
             str(self.loaded.path), str(self.store.root), grp.id, [c.id for c in cells], self.run_id, str(log_path)
         )
-        env = cls.environment(grp.spec) | {"HARNESS_LOG_DIR": str(log_path.parent.resolve())}
+        env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = worker.launch(job, env, log_path, self.reporter, self.group_timeout_s)
         missing = [c for c in cells if not self.store.cell_path(c.id).is_file()]
         if missing and outcome.cause == "":
@@ -267,11 +276,12 @@ class Runner:
         self.reporter.start(sum(len(p) for _, p in todo) * per_cell)
         if result.skipped_done:
             self.reporter.log(f"{len(result.skipped_done)} cell(s) already done; skipped (use --force to redo)")
-        rows = RowMaker(self.loaded, self.run_id, provenance.collect())
+        gpus = provenance.detect_gpus()  # once per run: routing and provenance share the answer
+        rows = RowMaker(self.loaded, self.run_id, provenance.collect(gpus))
         for grp, pending in todo:
             if force:
                 for cell in pending:
                     self.store.cell_path(cell.id).unlink(missing_ok=True)
-            self._run_group(grp, pending, rows)
+            self._run_group(grp, pending, rows, gpus)
             self._account(pending, result)
         return result

@@ -21,6 +21,14 @@ from typing import Any
 
 
 
+#: Set by the runner for each worker: where server engines put their servers' logs.
+LOG_DIR_ENV = "HARNESS_LOG_DIR"
+
+
+def log_dir() -> Path:
+    return Path(os.environ.get(LOG_DIR_ENV, "."))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

@@ -10,8 +10,6 @@ hits both alike. Prints aggregate tokens/s of each and the ratio harness / bare 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import numpy as np
 from harness.engines.base import LoadSpec, Sampling
 from harness.engines.llamacpp import LlamaCppEngine
 from harness.prompts import compose_batch, load_prompt_set
+from benchlib import HEADER, alternate, row  # scripts/ is on sys.path when run as a script
 
 
 def bare_generate(engine: LlamaCppEngine, tokens: list[list[int]], max_tokens: int) -> int:
@@ -64,26 +63,20 @@ def main() -> None:
     engine = LlamaCppEngine(LoadSpec("llamacpp", "smollm2-135m", "auto", "cpu", False, options), print)
     sampling = Sampling(0.0, 1.0, 0, 0, args.tokens)
     print(f"model {engine.model_path.name}, {engine.n_threads} threads, {args.tokens} tokens per sequence")
-    print(f"{'N':>3} {'bare tok/s':>11} {'harness tok/s':>14} {'ratio':>6} {'best/best':>9}"
-          f"  (medians of {args.rounds} alternating rounds)")
+    print(HEADER + f"  (medians of {args.rounds} alternating rounds)")
     for n in [int(x) for x in args.sizes.split(",")]:
         batch = compose_batch(prompts, prompts.prompts[1], n, 0, 0)
         texts = [p.text for p in batch.prompts]
         chat = [engine.tokenize(engine.chat(t)) for t in texts]
         bare_generate(engine, chat, 4)  # warm-up, both paths share the context
         engine.generate(texts, batch.target_position, Sampling(0.0, 1.0, 0, 0, 4))
-        bare, mine = [], []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            produced = bare_generate(engine, chat, args.tokens)
-            bare.append(produced / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
+        def mine() -> int:
             out = engine.generate(texts, batch.target_position, sampling)
-            mine.append(out.batch_generated_tokens / (time.perf_counter() - t0))
-            assert out.batch_generated_tokens == produced, (out.batch_generated_tokens, produced)
-        b, m = statistics.median(bare), statistics.median(mine)
-        print(f"{n:>3} {b:>11.1f} {m:>14.1f} {m / b:>6.3f} {max(mine) / max(bare):>9.3f}"
-              f"   spread bare {min(bare):.1f}-{max(bare):.1f}, harness {min(mine):.1f}-{max(mine):.1f}")
+            assert out.batch_generated_tokens == n * args.tokens, out.batch_generated_tokens  # same work
+            return out.batch_generated_tokens
+
+        bare, ours = alternate(lambda: bare_generate(engine, chat, args.tokens), mine, args.rounds)
+        print(row(n, bare, ours))
     engine.close()
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from pathlib import Path
 
 
@@ -30,13 +28,14 @@ def main() -> None:
     from harness.engines.base import LoadSpec, Sampling
     from harness.engines.vllm import VllmEngine
     from harness.prompts import compose_batch, load_prompt_set
+    from benchlib import HEADER, alternate, row
 
     root = Path(__file__).resolve().parent.parent
     prompts = load_prompt_set("prompts/default.yaml", root, where="bench")
     options = {"enforce_eager": True, "ignore_eos": True, "max_num_seqs": 16, "max_model_len": 1024}
     engine = VllmEngine(LoadSpec("vllm", "smollm2-135m", "auto", "any", False, options), print)
     sampling = Sampling(0.0, 1.0, 0, 0, args.tokens)
-    print(f"{'N':>3} {'bare tok/s':>11} {'harness tok/s':>14} {'ratio':>6}  (medians of {args.rounds} alternating rounds)")
+    print(HEADER + f"  (medians of {args.rounds} alternating rounds)")
     for n in [int(x) for x in args.sizes.split(",")]:
         batch = compose_batch(prompts, prompts.prompts[1], n, 0, 0)
         texts = [p.text for p in batch.prompts]
@@ -45,17 +44,14 @@ def main() -> None:
                                  seed=i) for i in range(n)]
         engine.llm.generate(inputs, params, use_tqdm=False)  # warm-up for this batch shape
         engine.generate(texts, batch.target_position, sampling)
-        bare, mine = [], []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
+        def bare() -> int:
             outs = engine.llm.generate(inputs, params, use_tqdm=False)
-            bare.append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            out = engine.generate(texts, batch.target_position, sampling)
-            mine.append(out.batch_generated_tokens / (time.perf_counter() - t0))
-        b, m = statistics.median(bare), statistics.median(mine)
-        print(f"{n:>3} {b:>11.1f} {m:>14.1f} {m / b:>6.3f}   spread bare {min(bare):.1f}-{max(bare):.1f}, "
-              f"harness {min(mine):.1f}-{max(mine):.1f}")
+            return sum(len(o.outputs[0].token_ids) for o in outs)
+
+        def mine() -> int:
+            return engine.generate(texts, batch.target_position, sampling).batch_generated_tokens
+
+        print(row(n, *alternate(bare, mine, args.rounds)))
     engine.close()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -37,3 +39,8 @@ fillers:
   - "Write a haiku about rain."
   - "What is the capital of Italy?"
 """
+
+
+def run_harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The real command line, as a user runs it: `python -m harness ARGS`."""
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from harness.runner import Runner
 from harness.selection import Selection, apply, parse_shard
 from harness.store import Store
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import PROMPTS, run_harness, needs_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = """
@@ -39,10 +38,6 @@ cluster:
   gpus:
     A100: {partition: gpu, gres: "gpu:a100:1", constraint: a100, queue: gpuq, select: "select=1:ncpus=8:ngpus=1:mem=64gb"}
 """
-
-
-def _harness(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.fixture
@@ -137,18 +132,18 @@ expect:
 def test_check_exit_codes_and_junit(write, tmp_path):
     write("prompts.yaml", PROMPTS)
     write("exp.yaml", CHECKED)
-    assert _harness("run", "exp.yaml", "--out", "out", "--no-summary", cwd=tmp_path).returncode == 0
-    ok = _harness("check", "out", "--junit", "j.xml", cwd=tmp_path)
+    assert run_harness("run", "exp.yaml", "--out", "out", "--no-summary", cwd=tmp_path).returncode == 0
+    ok = run_harness("check", "out", "--junit", "j.xml", cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert 'tests="1" failures="0"' in (tmp_path / "j.xml").read_text()
     write("fail.yaml", "expect:\n  - where: {batch_size: 2}\n    slowdown_max: 2.0\n  - status: unsupported\n")
-    failed = _harness("check", "out", "--expect", "fail.yaml", "--junit", "j.xml", cwd=tmp_path)
+    failed = run_harness("check", "out", "--expect", "fail.yaml", "--junit", "j.xml", cwd=tmp_path)
     assert failed.returncode == 1 and "FAIL" in failed.stdout
     assert 'failures="2"' in (tmp_path / "j.xml").read_text()
     write("bad.yaml", "expect:\n  - where: {batch_size: 2}\n    uniq_outputs: 1\n")
-    bad = _harness("check", "out", "--expect", "bad.yaml", cwd=tmp_path)
+    bad = run_harness("check", "out", "--expect", "bad.yaml", cwd=tmp_path)
     assert bad.returncode == 2 and "bad.yaml:3" in bad.stderr and "uniq_outputs" in bad.stderr
-    status = _harness("status", "out", cwd=tmp_path)
+    status = run_harness("status", "out", cwd=tmp_path)
     assert status.returncode == 0 and "2 cells: 2 done" in status.stdout
 
 
@@ -198,7 +193,7 @@ engine_options:
 def test_real_slurm_array_matches_local_run_and_resumes_after_requeue(write, tmp_path):
     write("prompts.yaml", PROMPTS)
     write("exp.yaml", SLURM)
-    sub = _harness("submit", "exp.yaml", "--scheduler", "slurm", "--out", "slurm-out", cwd=tmp_path)
+    sub = run_harness("submit", "exp.yaml", "--scheduler", "slurm", "--out", "slurm-out", cwd=tmp_path)
     assert sub.returncode == 0, sub.stderr
     job = _job_id(sub.stdout)
     cells = tmp_path / "slurm-out" / "cells"
@@ -220,7 +215,7 @@ def test_real_slurm_array_matches_local_run_and_resumes_after_requeue(write, tmp
     subprocess.run(["scontrol", "update", f"jobid={task}", "StartTime=now"], capture_output=True)
     _wait_for(job)
 
-    status = _harness("status", "slurm-out", cwd=tmp_path)
+    status = run_harness("status", "slurm-out", cwd=tmp_path)
     assert "4 cells: 4 done" in status.stdout, status.stdout
     logs = " ".join(p.read_text() for p in (tmp_path / "slurm-out" / "jobs" / "logs").glob("*.out"))
     assert "already done" in logs  # the requeued task skipped what it had finished
@@ -228,7 +223,7 @@ def test_real_slurm_array_matches_local_run_and_resumes_after_requeue(write, tmp
     assert len(remote) == 4 * 2 and remote.groupby(["cell_id", "prompt_id"]).size().max() == 1
     assert set(remote.job_id) != {""} and set(remote.job_array_index) <= {"0", "1"}
 
-    assert _harness("run", "exp.yaml", "--out", "local", "--no-summary", cwd=tmp_path).returncode == 0
+    assert run_harness("run", "exp.yaml", "--out", "local", "--no-summary", cwd=tmp_path).returncode == 0
     local = Store(tmp_path / "local").read_rows()
     key = ["cell_id", "prompt_id", "repeat"]
     a = remote.sort_values(key).set_index(key).token_ids.map(list)

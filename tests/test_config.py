@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ from harness.config import load_experiment
 from harness.errors import ConfigError
 from harness.matrix import expand, group
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, run_harness
 
 GOOD = """
 name: t
@@ -24,10 +22,6 @@ matrix:
   engine: [llamacpp]
   batch_size: [1, 2]
 """
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +71,7 @@ def test_cli_exit_code_2_and_nothing_written(write, tmp_path):
     write("prompts.yaml", PROMPTS)
     write("exp.yaml", GOOD.replace("batch_size: [1, 2]", "batch_size: []"))
     out = tmp_path / "out"
-    proc = _cli("run", "exp.yaml", "--out", str(out), cwd=tmp_path)
+    proc = run_harness("run", "exp.yaml", "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 2
     assert "matrix.batch_size" in proc.stderr and "exp.yaml:8" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -87,7 +81,7 @@ def test_cli_exit_code_2_and_nothing_written(write, tmp_path):
 def test_plan_counts_generations_and_groups(write, tmp_path):
     write("prompts.yaml", PROMPTS)
     write("exp.yaml", GOOD.replace("engine: [llamacpp]", "engine: [llamacpp]\n  dtype: [auto, f16]"))
-    proc = _cli("plan", "exp.yaml", cwd=tmp_path)
+    proc = run_harness("plan", "exp.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "4 cells in 2 engine load(s)" in proc.stdout
     assert "2 prompts x 2 repeats x 4 cells = 16 generations" in proc.stdout

@@ -8,7 +8,6 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +26,7 @@ from harness.engines.base import (
     SequenceOutput,
     Unsupported,
 )
-from harness.server_process import ManagedServer, free_port, post_concurrently, post_json
+from harness.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 
 
 class LlamaServerOptions(EngineOptions):
@@ -83,7 +82,6 @@ class LlamaServerEngine(Engine):
         self.binary = find_binary(self.opts.binary)
         self.model_path = models.gguf_in_dtype(models.resolve_gguf(spec.model, base), spec.dtype, log)
         self.model_sha256 = models.file_sha256(self.model_path)
-        self.log_dir = Path(os.environ.get("HARNESS_LOG_DIR", "."))
         self.server: ManagedServer | None = None
         self.slots = 0
         self.url = ""
@@ -111,7 +109,7 @@ class LlamaServerEngine(Engine):
         args += self.opts.extra_args
         self.url = f"http://{self.opts.host}:{port}"
         self.log(f"starting llama-server with --parallel {slots} on {self.url}")
-        self.server = ManagedServer(args, f"{self.url}/health", self.log_dir / f"llama-server-{port}.log",
+        self.server = ManagedServer(args, f"{self.url}/health", log_dir() / f"llama-server-{port}.log",
                                     self.opts.startup_timeout_s)
         self.slots = slots
         self._templates.clear()

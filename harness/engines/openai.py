@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from harness import models
 from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
-from harness.server_process import ManagedServer, free_port, get_json, post_concurrently
+from harness.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
 
 class OpenAIOptions(EngineOptions):
@@ -70,8 +70,7 @@ class OpenAIEngine(Engine):
             args = [a.replace("{port}", str(port)).replace("{model}", model_arg) for a in self.opts.launch]
             self.url = f"http://{self.opts.host}:{port}"
             log(f"launching {args[0]} on {self.url}")
-            log_dir = Path(os.environ.get("HARNESS_LOG_DIR", "."))
-            self.server = ManagedServer(args, self.url + self.opts.health_path, log_dir / f"openai-server-{port}.log",
+            self.server = ManagedServer(args, self.url + self.opts.health_path, log_dir() / f"openai-server-{port}.log",
                                         self.opts.startup_timeout_s)
         else:
             self.url = self.opts.base_url.rstrip("/")

@@ -65,9 +65,9 @@ def _worker_facts(worker: Any) -> dict[str, Any]:
     backends = set()
     try:
         for module in worker.model_runner.model.modules():
-            impl = getattr(module, "attn_backend", None) or getattr(getattr(module, "impl", None), "__class__", None)
-            if impl is not None and hasattr(module, "attn_backend"):
-                backends.add(getattr(impl, "get_name", lambda: impl.__name__)())
+            backend = getattr(module, "attn_backend", None)
+            if backend is not None:
+                backends.add(backend.get_name() if hasattr(backend, "get_name") else backend.__name__)
     except Exception as exc:  # noqa: BLE001
         backends.add(f"unknown ({exc})")
     facts["attention_backends"] = sorted(backends)
