@@ -165,6 +165,9 @@ class Experiment(Strict):
     repeats: int = Field(default=1, ge=1, le=100_000)
     max_tokens: int = Field(default=128, ge=1, le=32_768)
     filler_seed: int = Field(default=0, ge=0)
+    probe_logits: bool = Field(
+        default=False, description="compare full logit vectors with a lone run of each prompt, step by step"
+    )
     matrix: Matrix
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []

@@ -100,6 +100,8 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
         "filler_seed": exp.filler_seed,
         "prompts": loaded.prompt_set.fingerprint(),
     }
+    if exp.probe_logits:  # only when on, so that ids of existing results stay valid
+        common["probe_logits"] = True
     cells: dict[str, Cell] = {}
     for settings in combos:
         options = loaded.engine_options.get(settings["engine"], {})

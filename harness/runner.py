@@ -24,6 +24,7 @@ from harness.config import LoadedExperiment
 from harness.engines import engine_class
 from harness.engines.base import BatchOutput, Engine, Unsupported
 from harness.matrix import Cell, Group, expand, group
+from harness.probes import LogitProbes
 from harness.prompts import compose_batch
 from harness.selection import Selection, apply
 from harness.server_process import LOG_DIR_ENV
@@ -127,6 +128,7 @@ class RowMaker:
             "token_ids": t.token_ids,
             "n_tokens": n,
             "text": t.text,
+            "token_texts": t.token_texts or None,
             "finish_reason": t.finish_reason,
             "output_hash": output_hash(t.token_ids),
             "logprobs": t.logprobs,
@@ -162,7 +164,9 @@ class GroupRunner:
         causes = [c for c in worker.root_causes(self.log_path, since) if c not in str(exc)]
         return "; ".join([describe_exception(exc)] + causes)
 
-    def _cell(self, engine: Engine, cell: Cell, engine_cols: dict[str, Any]) -> list[dict[str, Any]]:
+    def _cell(
+        self, engine: Engine, cell: Cell, engine_cols: dict[str, Any], probes: LogitProbes | None
+    ) -> list[dict[str, Any]]:
         sampling = cell.sampling(self.exp.max_tokens)
         prompt_set = self.loaded.prompt_set
         size = cell["batch_size"]
@@ -180,9 +184,13 @@ class GroupRunner:
                     "batch_position": batch.target_position,
                     "filler_ids": list(batch.filler_ids),
                 }
+                texts = [p.text for p in batch.prompts]
                 try:
-                    out = engine.generate([p.text for p in batch.prompts], batch.target_position, sampling)
-                    rows.append(self.rows.ok(base, out))
+                    if probes is None:
+                        rows.append(self.rows.ok(base, engine.generate(texts, batch.target_position, sampling)))
+                    else:
+                        out, probe_cols = probes.generate(texts, batch.target_position, sampling)
+                        rows.append(self.rows.ok(base, out) | probe_cols)
                 except Unsupported as exc:
                     rows.append(base | {"status": "unsupported", "error": str(exc)})
                 except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
@@ -207,8 +215,9 @@ class GroupRunner:
             return
         with engine:
             engine_cols = self.rows.engine_columns(engine.describe())
+            probes = LogitProbes(engine) if self.exp.probe_logits else None
             for cell in cells:
-                self.store.write_cell(cell.id, self._cell(engine, cell, engine_cols))
+                self.store.write_cell(cell.id, self._cell(engine, cell, engine_cols, probes))
 
 
 class Runner:

@@ -11,7 +11,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+#: 2 added token_texts and the probe_* columns; version-1 files read back with those empty
+SCHEMA_VERSION = 2
 
 #: The row contract (README "Rows"). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -49,11 +50,21 @@ ROW_SCHEMA = pa.schema(
         ("token_ids", pa.list_(pa.int32())),
         ("n_tokens", pa.int32()),
         ("text", pa.string()),
+        ("token_texts", pa.list_(pa.string())),
         ("finish_reason", pa.string()),
         ("output_hash", pa.string()),
         ("logprobs", pa.list_(pa.float32())),
         ("margins", pa.list_(pa.float32())),
         ("engine_detail", pa.string()),
+        # logit probes (probe_logits: true), against the same prompt decoded alone
+        ("probe_reference", pa.string()),
+        ("probe_steps", pa.int32()),
+        ("probe_steps_differed", pa.int32()),
+        ("probe_first_diff_step", pa.int32()),
+        ("probe_logits_compared", pa.int64()),
+        ("probe_logits_differed", pa.int64()),
+        ("probe_max_abs_diff", pa.float64()),
+        ("probe_low_margin_frac", pa.float64()),
         # timing
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("prefill_s", pa.float64()),
@@ -85,6 +96,14 @@ ROW_SCHEMA = pa.schema(
 )
 
 STATUSES = ("ok", "failed", "unsupported", "skipped")
+
+
+def _present(path: Path, columns: list[str] | None) -> list[str] | None:
+    """The wanted columns that this file has (files of an older schema lack the newer ones)."""
+    if columns is None:
+        return None
+    names = set(pq.read_schema(path).names)
+    return [c for c in columns if c in names]
 
 
 class Store:
@@ -147,8 +166,12 @@ class Store:
         files = self.cell_files()
         if not files:
             return ROW_SCHEMA.empty_table().to_pandas()
-        tables = [pq.read_table(f, columns=columns) for f in files]
-        return pa.concat_tables(tables, promote_options="default").to_pandas()
+        tables = [pq.read_table(f, columns=_present(f, columns)) for f in files]
+        frame = pa.concat_tables(tables, promote_options="default").to_pandas()
+        for name in columns or ROW_SCHEMA.names:  # columns newer than some files read back empty
+            if name not in frame.columns:
+                frame[name] = None
+        return frame[columns or ROW_SCHEMA.names]
 
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
         """Token ids of the outputs with these hashes (one row each), read without loading all."""

@@ -80,6 +80,8 @@ def test_ok_rows_are_complete(results):
         assert len(row.filler_ids) == row.batch_size - 1 and 0 <= row.batch_position < row.batch_size
         assert row.engine_version.startswith("llama-cpp-python")
         assert json.loads(row.engine_info)["chat_template"] == "model jinja"
+        assert len(row.token_texts) == n and "".join(row.token_texts) == row.text
+    assert ok.probe_reference.isna().all() and ok.probe_steps.isna().all()  # probes are off here
 
 
 def test_refused_and_failed_cells_are_rows_with_reasons(results):

@@ -130,3 +130,22 @@ def test_slowdown_pairs_runs_that_differ_only_in_batch_invariant():
     rec = cost.iloc[0]
     assert (rec.pairs, rec.throughput_ratio, rec.latency_ratio) == (3, 3.0, 3.0)
     assert rec.throughput_ratio_min == rec.throughput_ratio_max == 3.0
+
+
+def test_rows_of_an_older_schema_read_back_with_new_columns_empty(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from harness.store import ROW_SCHEMA, Store
+
+    store = Store(tmp_path)
+    store.write_cell("new", [{"cell_id": "new", "prompt_id": "p", "status": "ok", "token_texts": ["a"]}])
+    old = pa.schema([f for f in ROW_SCHEMA if f.name != "token_texts" and not f.name.startswith("probe_")])
+    pq.write_table(pa.Table.from_pylist([{"cell_id": "old", "prompt_id": "p", "status": "ok"}], schema=old),
+                   store.cell_path("old"))
+    rows = store.read_rows()
+    assert list(rows.columns) == ROW_SCHEMA.names
+    rows = rows.set_index("cell_id")
+    assert rows.loc["old", "token_texts"] is None and list(rows.loc["new", "token_texts"]) == ["a"]
+    some = store.read_rows(columns=["cell_id", "token_texts", "probe_steps"])
+    assert list(some.columns) == ["cell_id", "token_texts", "probe_steps"] and len(some) == 2

@@ -5,9 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class EngineOptions(BaseModel):
@@ -54,6 +57,8 @@ class SequenceOutput:
     finish_reason: str
     logprobs: list[float] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    #: each token decoded on its own, so a report can show exactly where two outputs split
+    token_texts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +77,8 @@ class BatchOutput:
 
 
 Log = Callable[[str], None]
+#: called once per step of the target generation: (step, full logit vector, chosen token)
+StepObserver = Callable[[int, "np.ndarray", int], None]
 
 
 class Engine(ABC):
@@ -82,6 +89,8 @@ class Engine(ABC):
 
     name: ClassVar[str]
     Options: ClassVar[type[EngineOptions]]
+    #: why this engine cannot show full logit vectors to a probe; None where it can
+    logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -100,6 +109,12 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
         """Run one batch together; return the output of prompts[target] in detail."""
+
+    def generate_observed(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
+    ) -> BatchOutput:
+        """Like generate, calling `observe` with the target's full logits at every step."""
+        raise Unsupported(self.logit_probe_unavailable or f"{self.name} has no logit observer")
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:

@@ -66,6 +66,7 @@ def find_binary(option: str | None) -> str:
 class LlamaServerEngine(Engine):
     name = "llama-server"
     Options = LlamaServerOptions
+    logit_probe_unavailable = "llama-server returns the top n_probs probabilities per step, not the logit vector"
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -153,15 +154,18 @@ class LlamaServerEngine(Engine):
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
         ids = [int(t) for t in answer.get("tokens", [])]
-        chosen, margins = [], []
+        chosen, margins, pieces = [], [], []
         for step in answer.get("completion_probabilities", []):
+            pieces.append(str(step.get("token", "")))
             chosen.append(float(step.get("logprob", math.nan)))
             top = step.get("top_logprobs", [])
             margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
         timings = answer.get("timings", {})
         finish = "length" if answer.get("stop_type") == "limit" else "stop"
         return BatchOutput(
-            target=SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins),
+            target=SequenceOutput(
+                ids, answer.get("content", ""), finish, chosen, margins, pieces if len(pieces) == len(ids) else []
+            ),
             prompt_tokens=int(answer.get("tokens_evaluated", 0)),
             prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,

@@ -27,6 +27,7 @@ from harness.engines.base import (
     Log,
     Sampling,
     SequenceOutput,
+    StepObserver,
     Unsupported,
 )
 
@@ -64,6 +65,7 @@ def _step_stats(logits: np.ndarray, token: int, scratch: np.ndarray) -> tuple[fl
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     Options = LlamaCppOptions
+    logit_probe_unavailable = None
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -227,7 +229,14 @@ class LlamaCppEngine(Engine):
         return chains
 
     # -- generation ---------------------------------------------------------------
-    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+    def generate_observed(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
+    ) -> BatchOutput:
+        return self.generate(prompts, target, sampling, observe)
+
+    def generate(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None
+    ) -> BatchOutput:
         ll = self._ll
         n = len(prompts)
         tokens = [self.prompt_tokens(p) for p in prompts]
@@ -262,6 +271,8 @@ class LlamaCppEngine(Engine):
                 tok = int(ll.llama_sampler_sample(samplers[seq], ctx, idx))
                 logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, idx), shape=(n_vocab,))
             if seq == target:
+                if observe is not None:
+                    observe(len(logprobs), logits, tok)
                 lp, margin = _step_stats(logits, tok, scratch)
                 logprobs.append(lp)
                 margins.append(margin)
@@ -311,7 +322,9 @@ class LlamaCppEngine(Engine):
 
         ids = outs[target]
         return BatchOutput(
-            target=SequenceOutput(ids, self.detokenize(ids), finish[target], logprobs, margins),
+            target=SequenceOutput(
+                ids, self.detokenize(ids), finish[target], logprobs, margins, [self.detokenize([t]) for t in ids]
+            ),
             prompt_tokens=len(tokens[target]),
             prefill_s=t_prefill - t0,
             ttft_s=t_prefill - t0,

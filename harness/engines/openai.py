@@ -43,6 +43,7 @@ class OpenAIOptions(EngineOptions):
 class OpenAIEngine(Engine):
     name = "openai"
     Options = OpenAIOptions
+    logit_probe_unavailable = "the OpenAI API returns at most 20 top log-probabilities per step, not the logit vector"
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -134,7 +135,10 @@ class OpenAIEngine(Engine):
                    if len(s.get("top_logprobs", [])) >= 2 else math.nan for s in steps]
         usage = answer.get("usage", {})
         return BatchOutput(
-            target=SequenceOutput(ids, text, str(choice.get("finish_reason")), chosen, margins),
+            target=SequenceOutput(
+                ids, text, str(choice.get("finish_reason")), chosen, margins,
+                _pieces(steps, len(ids)),
+            ),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             prefill_s=None,
             ttft_s=None,
@@ -168,6 +172,15 @@ class OpenAIEngine(Engine):
 
             ll.llama_model_free(self._vocab_model)
             self._vocab = None
+
+
+
+def _pieces(steps: list[dict[str, Any]], n_tokens: int) -> list[str]:
+    """Per-token text from the log-probability entries, when they are text and align with the ids."""
+    texts = [str(s.get("token", "")) for s in steps]
+    if len(texts) != n_tokens or any(t.startswith("token_id:") for t in texts):
+        return []
+    return texts
 
 
 ENGINE = OpenAIEngine

@@ -77,6 +77,10 @@ def _worker_facts(worker: Any) -> dict[str, Any]:
 class VllmEngine(Engine):
     name = "vllm"
     Options = VllmOptions
+    logit_probe_unavailable = (
+        "vLLM hands out log-probabilities of at most max_logprobs top tokens per step (after "
+        "softmax), not the logit vector; a full-vocabulary request would be a different program path"
+    )
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -171,7 +175,10 @@ class VllmEngine(Engine):
             ids = ids[:-1]  # like llama.cpp rows: the end-of-generation token is a step, not output
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
         return BatchOutput(
-            target=SequenceOutput(ids, self.tokenizer.decode(ids), str(result.finish_reason), *steps),
+            target=SequenceOutput(
+                ids, self.tokenizer.decode(ids), str(result.finish_reason), *steps,
+                [self.tokenizer.decode([t]) for t in ids],
+            ),
             prompt_tokens=len(inputs[target]["prompt_token_ids"]),
             prefill_s=None,
             ttft_s=None,

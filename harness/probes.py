@@ -1,0 +1,127 @@
+"""Logit probes: how far a generation's full logit vectors moved from a lone run of the same prompt.
+
+The reference is the same prompt with the same sampling, decoded as a batch of one in the same
+engine load (cached per prompt). At each step the two logit vectors are compared while the two
+generations still share their prefix (after they split, the inputs differ and a comparison says
+nothing about the batch). Only counts and the largest difference are kept, never the vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.engines.base import BatchOutput, Engine, Sampling
+
+#: a top-1 minus top-2 logit margin below this counts as a near tie
+LOW_MARGIN = 0.1
+REFERENCE = "same prompt decoded alone (batch of 1) in the same engine load"
+#: reference traces kept in memory; one is steps x vocabulary float32 values
+CACHE_BYTES = 1 << 30
+
+PROBE_COLUMNS = (
+    "probe_reference", "probe_steps", "probe_steps_differed", "probe_first_diff_step",
+    "probe_logits_compared", "probe_logits_differed", "probe_max_abs_diff", "probe_low_margin_frac",
+)
+
+
+@dataclass
+class Trace:
+    """What a reference generation chose and saw: one token and one logit vector per step."""
+
+    tokens: list[int] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+    def __call__(self, step: int, logits: np.ndarray, token: int) -> None:
+        self.tokens.append(token)
+        self.logits.append(np.array(logits, dtype=np.float32, copy=True))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.logits)
+
+
+@dataclass
+class Comparer:
+    """Compares each step's logits with the reference's while the prefixes are shared."""
+
+    reference: Trace
+    steps: int = 0
+    steps_differed: int = 0
+    first_diff_step: int | None = None
+    compared: int = 0
+    differed: int = 0
+    max_abs_diff: float = 0.0
+    shared: bool = True
+
+    def __call__(self, step: int, logits: np.ndarray, token: int) -> None:
+        ref = self.reference
+        if self.shared and step < len(ref.logits):
+            expected = ref.logits[step]
+            moved = int(np.count_nonzero(logits != expected))
+            self.steps += 1
+            self.compared += int(logits.size)
+            self.differed += moved
+            if moved:
+                self.steps_differed += 1
+                if self.first_diff_step is None:
+                    self.first_diff_step = step
+                self.max_abs_diff = max(self.max_abs_diff, float(np.nanmax(np.abs(logits - expected))))
+        # The next step's input is this step's token: the prefix stays shared only if it matches.
+        if step >= len(ref.tokens) or token != ref.tokens[step]:
+            self.shared = False
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "probe_reference": REFERENCE,
+            "probe_steps": self.steps,
+            "probe_steps_differed": self.steps_differed,
+            "probe_first_diff_step": self.first_diff_step,
+            "probe_logits_compared": self.compared,
+            "probe_logits_differed": self.differed,
+            "probe_max_abs_diff": self.max_abs_diff,
+        }
+
+
+def low_margin_fraction(margins: list[float]) -> float | None:
+    """Share of steps whose top-1 minus top-2 margin was below LOW_MARGIN (near ties)."""
+    known = [m for m in margins if m is not None and not math.isnan(m)]
+    return sum(m < LOW_MARGIN for m in known) / len(known) if known else None
+
+
+class LogitProbes:
+    """Runs generations with a probe attached, keeping reference traces for one engine load."""
+
+    def __init__(self, engine: Engine, cache_bytes: int = CACHE_BYTES) -> None:
+        self.engine = engine
+        self.unavailable = type(engine).logit_probe_unavailable
+        self.cache_bytes = cache_bytes
+        self._traces: OrderedDict[tuple[str, Sampling], Trace] = OrderedDict()
+
+    def _reference(self, prompt: str, sampling: Sampling) -> Trace:
+        key = (prompt, sampling)
+        trace = self._traces.get(key)
+        if trace is not None:
+            self._traces.move_to_end(key)
+            return trace
+        trace = Trace()
+        self.engine.generate_observed([prompt], 0, sampling, trace)
+        self._traces[key] = trace
+        while sum(t.nbytes for t in self._traces.values()) > self.cache_bytes and len(self._traces) > 1:
+            self._traces.popitem(last=False)
+        return trace
+
+    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> tuple[BatchOutput, dict[str, Any]]:
+        """The batch's output plus the probe columns for its target generation."""
+        if self.unavailable is not None:
+            out = self.engine.generate(prompts, target, sampling)
+            cols: dict[str, Any] = {"probe_reference": f"unavailable: {self.unavailable}"}
+        else:
+            comparer = Comparer(self._reference(prompts[target], sampling))
+            out = self.engine.generate_observed(prompts, target, sampling, comparer)
+            cols = comparer.columns()
+        return out, cols | {"probe_low_margin_frac": low_margin_fraction(out.target.margins)}

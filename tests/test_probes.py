@@ -1,0 +1,88 @@
+"""Logit probes: the comparison rule on made-up vectors, then the real llama.cpp engine."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from harness.config import load_experiment
+from harness.probes import Comparer, Trace, low_margin_fraction
+from harness.runner import Runner
+from harness.store import Store
+
+from .conftest import PROMPTS, needs_llama
+
+
+def _trace(tokens: list[int], vectors: list[list[float]]) -> Trace:
+    trace = Trace()
+    for step, (tok, vec) in enumerate(zip(tokens, vectors)):
+        trace(step, np.array(vec, dtype=np.float32), tok)
+    return trace
+
+
+def test_comparer_counts_moved_logits_only_while_the_prefix_is_shared():
+    ref = _trace([1, 2, 0, 1], [[0, 5, 1], [1, 1, 4], [3, 0, 0], [0, 2, 0]])
+    probe = Comparer(ref)
+    probe(0, np.array([0, 5, 1], dtype=np.float32), 1)  # identical
+    probe(1, np.array([1, 1.5, 4], dtype=np.float32), 2)  # one logit moved by 0.5, same choice
+    probe(2, np.array([3, 0, 0.25], dtype=np.float32), 2)  # moved, and a different token chosen
+    probe(3, np.array([9, 9, 9], dtype=np.float32), 1)  # after the split: not compared
+    cols = probe.columns()
+    assert cols["probe_steps"] == 3 and cols["probe_logits_compared"] == 9
+    assert cols["probe_logits_differed"] == 2 and cols["probe_steps_differed"] == 2
+    assert cols["probe_first_diff_step"] == 1 and cols["probe_max_abs_diff"] == pytest.approx(0.5)
+
+
+def test_comparer_stops_where_the_reference_ends():
+    probe = Comparer(_trace([4], [[1, 2]]))
+    probe(0, np.array([1, 2], dtype=np.float32), 4)
+    probe(1, np.array([1, 2], dtype=np.float32), 4)
+    assert probe.columns()["probe_steps"] == 1 and probe.columns()["probe_first_diff_step"] is None
+
+
+def test_low_margin_fraction_ignores_missing_steps():
+    assert low_margin_fraction([0.05, 0.5, float("nan"), 0.09]) == pytest.approx(2 / 3)
+    assert low_margin_fraction([]) is None
+
+
+PROBED = """
+name: probes
+prompts: prompts.yaml
+repeats: 2
+max_tokens: 16
+probe_logits: true
+matrix:
+  model: [smollm2-135m]
+  engine: [llamacpp]
+  dtype: [auto, f32]
+  batch_size: [1, 2]
+engine_options:
+  llamacpp: {ignore_eos: true, n_threads: 2}
+"""
+
+
+@needs_llama
+@pytest.mark.engine
+def test_probes_on_real_llamacpp(write, tmp_path, monkeypatch):
+    """Q4_1 logits are bitwise the same alone and in a batch; F32 logits move in a batch of 2."""
+    monkeypatch.setenv("HARNESS_CACHE", os.environ.get("HARNESS_CACHE", str(tmp_path / "cache")))
+    write("prompts.yaml", PROMPTS)
+    store = Store(tmp_path / "out")
+    Runner(load_experiment(write("exp.yaml", PROBED)), store).run()
+    rows = store.read_rows()
+    assert (rows.status == "ok").all() and len(rows) == 4 * 2 * 2
+    assert rows.probe_reference.str.contains("alone").all()
+    assert (rows.probe_steps > 0).all() and (rows.probe_low_margin_frac.between(0, 1)).all()
+    vocab = rows.probe_logits_compared / rows.probe_steps
+    assert (vocab == vocab.iloc[0]).all() and vocab.iloc[0] > 40_000  # whole vectors were compared
+
+    unmoved = rows[(rows.dtype == "auto") | (rows.batch_size == 1)]
+    assert (unmoved.probe_logits_differed == 0).all() and (unmoved.probe_max_abs_diff == 0).all()
+    assert unmoved.probe_first_diff_step.isna().all()
+
+    moved = rows[(rows.dtype == "f32") & (rows.batch_size == 2)]
+    assert (moved.probe_logits_differed > 0).all() and (moved.probe_max_abs_diff > 0).all()
+    assert (moved.probe_logits_differed <= moved.probe_logits_compared).all()
+    assert moved.probe_first_diff_step.notna().all()
