@@ -283,7 +283,7 @@ def compare(
     """Per prompt and matching setting: same or different between two folders, and where they split."""
     import pandas as pd
 
-    from harness.compare import compare as run_compare
+    from harness.compare import around_split, compare as run_compare
     from harness.metrics import KEY_COLUMNS
     from harness.store import Store
 
@@ -315,11 +315,76 @@ def compare(
     for rec in differ.head(20).to_dict("records"):
         at = int(rec["first_divergence"])
         console.print(f"[bold]{rec['prompt_id']}[/bold] ({', '.join(f'{k}={rec[k]}' for k in shown)}) splits at token {at}")
-        console.print(f"  A: {rec['text_a'][:160]!r}", markup=False)
-        console.print(f"  B: {rec['text_b'][:160]!r}", markup=False)
+        console.print(f"  A: {around_split(rec['token_texts_a'], rec['text_a'], at)!r}", markup=False)
+        console.print(f"  B: {around_split(rec['token_texts_b'], rec['text_b'], at)!r}", markup=False)
     for label, frame in (("only in A", result.only_a), ("only in B", result.only_b)):
         for rec in frame.to_dict("records"):
             console.print(f"[yellow]{label}[/yellow]: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
+
+
+def _reference_and_rows(results: Path, reference: list[str]):
+    from harness import metrics
+    from harness.store import Store
+
+    store = Store(results)
+    if not store.cell_files():
+        raise HarnessError(f"{results}: no results here (expected {results}/cells/*.parquet)")
+    return store, metrics.parse_reference(reference or [])
+
+
+@app.command()
+def report(
+    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write. Default: RESULTS/report.html."),
+    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+) -> None:
+    """One self-contained HTML file: overview, charts, and every run aligned with its reference.
+
+    The first token where a run departs from its reference is highlighted and the shared prefix
+    dimmed; filter by engine, batch size, dtype, GPU, batch-invariant mode and prompt. Data and
+    script are inside the file: it opens offline, can be mailed or attached to a CI job.
+    """
+    from harness.report import html
+
+    store, ref = _reference_and_rows(results, reference)
+    target = out or results / "report.html"
+    payload = html.write(store, target, ref)
+    meta = payload["meta"]
+    departed = len(payload["charts"]["divergence"])
+    _console().print(
+        f"{target}: {len(payload['runs'])} runs in {meta['cells']} cells, {departed} departed from the "
+        f"reference ({meta['reference']}); {target.stat().st_size / 1024:,.0f} KiB"
+    )
+
+
+@app.command()
+def plot(
+    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the figures. Default: RESULTS/plots."),
+    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    fmt: list[str] = typer.Option(["png", "svg"], "--format", "-f", help="png and/or svg (repeatable)."),
+) -> None:
+    """The report's charts as PNG/SVG files for papers, each with a CSV of the numbers drawn.
+
+    identical (share of runs identical to the reference per setting and batch size), divergence
+    (where runs first depart), margins (top-2 margin at the split, reference vs run), slowdown
+    (batch-invariant throughput ratio with its range).
+    """
+    from harness import metrics
+    from harness.report import charts, plot as plotting
+
+    for f in fmt:
+        if f not in plotting.FORMATS:
+            raise HarnessError(f"--format '{f}': allowed: {', '.join(plotting.FORMATS)}")
+    store, ref = _reference_and_rows(results, reference)
+    rows = store.read_rows()
+    data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref), ref)
+    written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
+    console = _console()
+    for path in written:
+        console.print(f"wrote {path}")
+    for why in left_out:
+        console.print(f"[yellow]left out[/yellow] {why}")
 
 
 @app.command()

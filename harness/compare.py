@@ -7,6 +7,7 @@ repeat. Settings present in only one folder are returned too, never silently dro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import pandas as pd
 
@@ -14,7 +15,7 @@ from harness.errors import HarnessError
 from harness.metrics import KEY_COLUMNS, first_divergence
 from harness.store import Store
 
-COLUMNS = list(KEY_COLUMNS) + ["prompt_id", "repeat", "status", "output_hash", "text"]
+COLUMNS = list(KEY_COLUMNS) + ["prompt_id", "repeat", "status", "output_hash", "text", "token_texts"]
 
 
 @dataclass
@@ -63,9 +64,21 @@ def compare(a: Store, b: Store, ignore: tuple[str, ...] = ("gpu",)) -> Compariso
         .reset_index()
     )
     return Comparison(
-        runs=runs[match + ["gpu_a", "gpu_b", "same", "first_divergence", "text_a", "text_b"]]
+        runs=runs[match + ["gpu_a", "gpu_b", "same", "first_divergence", "text_a", "text_b",
+                           "token_texts_a", "token_texts_b"]]
         if "gpu_a" in runs else runs,
         per_setting=per_setting,
         only_a=only_a[only_a["_merge"] == "left_only"][keys],
         only_b=only_b[only_b["_merge"] == "left_only"][keys],
     )
+
+
+def around_split(pieces: Sequence[str] | None, text: str, k: int | None, before: int = 50, after: int = 70) -> str:
+    """The text near token k, the token itself in [brackets]; the text's start where pieces are unknown."""
+    if pieces is None or not len(pieces) or k is None:
+        return text[: before + after]
+    head = "".join(pieces[:k])
+    token = pieces[k] if k < len(pieces) else ""
+    tail = "".join(pieces[k + 1 :])
+    lead = ("…" + head[-before:]) if len(head) > before else head
+    return f"{lead}[{token or '(end)'}]{tail[:after]}"

@@ -88,6 +88,50 @@ def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[s
     return out or dict(DEFAULT_REFERENCE)
 
 
+def against_reference(
+    rows: pd.DataFrame,
+    tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
+    reference: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """The ok rows, each with its reference run: `ref_hash`, `reference_cell`, `matched`, `first_divergence`.
+
+    The reference of a run is the first repeat of the same prompt with the same settings, except
+    the axes in `reference` (default: batch size 1). The reference run itself gets no verdict.
+    """
+    reference = dict(DEFAULT_REFERENCE if reference is None else reference)
+    keys = list(KEY_COLUMNS)
+    ok = rows[rows["status"] == "ok"].copy()
+    ref_rows = ok[ok["repeat"] == 0].drop_duplicates(keys + ["prompt_id"])
+    ref_table = ref_rows[keys + ["prompt_id", "output_hash", "cell_id"]].rename(
+        columns={"output_hash": "ref_hash", "cell_id": "reference_cell"}
+    )
+    lookup = ok[keys + ["prompt_id"]].copy()
+    for axis, value in reference.items():
+        lookup[axis] = value
+    lookup = lookup.astype({k: ref_table[k].dtype for k in keys if k in ref_table})
+    merged = lookup.merge(ref_table, on=keys + ["prompt_id"], how="left")
+    ok["ref_hash"] = merged["ref_hash"].to_numpy()
+    ok["reference_cell"] = merged["reference_cell"].to_numpy()
+    # The reference run itself is not evidence of agreement: leave it out of the comparison.
+    ok["is_reference"] = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == 0)
+    ok.loc[ok["is_reference"], "ref_hash"] = None
+    has_ref = ok["ref_hash"].notna()
+    ok["matched"] = np.where(has_ref, ok["output_hash"] == ok["ref_hash"], np.nan)
+
+    pairs = ok.loc[has_ref & (ok["output_hash"] != ok["ref_hash"]), ["output_hash", "ref_hash"]].drop_duplicates()
+    divergence: dict[tuple[str, str], int | None] = {}
+    if not pairs.empty:
+        tokens = tokens_for(set(pairs["output_hash"]) | set(pairs["ref_hash"]))
+        for out_hash, ref_hash in pairs.itertuples(index=False):
+            divergence[(out_hash, ref_hash)] = first_divergence(tokens[out_hash], tokens[ref_hash])
+    ok["first_divergence"] = [
+        divergence.get((h, r)) if isinstance(r, str) and h != r else None
+        for h, r in zip(ok["output_hash"], ok["ref_hash"])
+    ]
+    ok["first_divergence"] = pd.to_numeric(ok["first_divergence"], errors="coerce")
+    return ok
+
+
 def summarize(
     rows: pd.DataFrame,
     tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
@@ -111,36 +155,7 @@ def summarize(
         if name not in status.columns:
             status[name] = 0
     errors = rows[rows["status"] != "ok"].groupby(group_cols, dropna=False)["error"].first().rename("error")
-
-    ok = rows[rows["status"] == "ok"].copy()
-    ref_rows = ok[ok["repeat"] == 0].drop_duplicates(keys + ["prompt_id"])
-    ref_table = ref_rows[keys + ["prompt_id", "output_hash", "cell_id"]].rename(
-        columns={"output_hash": "ref_hash", "cell_id": "reference_cell"}
-    )
-    lookup = ok[keys + ["prompt_id"]].copy()
-    for axis, value in reference.items():
-        lookup[axis] = value
-    lookup = lookup.astype({k: ref_table[k].dtype for k in keys if k in ref_table})
-    merged = lookup.merge(ref_table, on=keys + ["prompt_id"], how="left")
-    ok["ref_hash"] = merged["ref_hash"].to_numpy()
-    ok["reference_cell"] = merged["reference_cell"].to_numpy()
-    # The reference run itself is not evidence of agreement: leave it out of the comparison.
-    is_self = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == 0)
-    ok.loc[is_self, "ref_hash"] = None
-    has_ref = ok["ref_hash"].notna()
-    ok["matched"] = np.where(has_ref, ok["output_hash"] == ok["ref_hash"], np.nan)
-
-    pairs = ok.loc[has_ref & (ok["output_hash"] != ok["ref_hash"]), ["output_hash", "ref_hash"]].drop_duplicates()
-    divergence: dict[tuple[str, str], int | None] = {}
-    if not pairs.empty:
-        tokens = tokens_for(set(pairs["output_hash"]) | set(pairs["ref_hash"]))
-        for out_hash, ref_hash in pairs.itertuples(index=False):
-            divergence[(out_hash, ref_hash)] = first_divergence(tokens[out_hash], tokens[ref_hash])
-    ok["first_divergence"] = [
-        divergence.get((h, r)) if isinstance(r, str) and h != r else None
-        for h, r in zip(ok["output_hash"], ok["ref_hash"])
-    ]
-    ok["first_divergence"] = pd.to_numeric(ok["first_divergence"], errors="coerce")
+    ok = against_reference(rows, tokens_for, reference)
 
     g = ok.groupby(group_cols, dropna=False, sort=False)
     stats = pd.DataFrame(

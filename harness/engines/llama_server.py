@@ -162,6 +162,10 @@ class LlamaServerEngine(Engine):
             margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
         timings = answer.get("timings", {})
         finish = "length" if answer.get("stop_type") == "limit" else "stop"
+        if answer.get("stop_type") == "eos" and ids:
+            # The server lists the end-of-generation token; like the other engines' rows, it is
+            # a decision step (logprobs, margins), not output.
+            ids, pieces = ids[:-1], pieces[:-1]
         return BatchOutput(
             target=SequenceOutput(
                 ids, answer.get("content", ""), finish, chosen, margins, pieces if len(pieces) == len(ids) else []

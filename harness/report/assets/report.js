@@ -1,0 +1,294 @@
+"use strict";
+// Lays out what harness/report/html.py computed: overview, charts (inline SVG), runs viewer.
+// No network, no libraries: the page must open anywhere, years later.
+(function () {
+  const DATA = JSON.parse(document.getElementById("report-data").textContent);
+  const PAGE_SIZE = 25; // blocks per page
+  const GROUP_LIMIT = 40; // runs shown per block until "show more" is pressed
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const PALETTE = ["#3451b2", "#c2410c", "#2f7d4f", "#9333ea", "#b3261e", "#0e7490", "#a16207", "#475569"];
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v; else if (k === "text") node.textContent = v; else node.setAttribute(k, v);
+    }
+    for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c instanceof Node ? c : String(c));
+    return node;
+  }
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) node.setAttribute(k, v);
+    for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c instanceof Node ? c : String(c));
+    return node;
+  }
+  const num = (v, d = 3) => (v === null || v === undefined ? "–" : Number(v).toPrecision(d).replace(/\.?0+(e|$)/, "$1"));
+  const pct = (v) => (v === null || v === undefined ? "–" : (100 * v).toFixed(v === 1 || v === 0 ? 0 : 1) + " %");
+  const kv = (obj) => el("table", {}, Object.entries(obj).map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", { text: v }))));
+
+  // ---------- overview ----------
+  function overview() {
+    const m = DATA.meta;
+    document.getElementById("title").textContent = `${m.experiment}: determinism report`;
+    document.getElementById("description").textContent = m.description;
+    const statuses = el("div", {}, Object.entries(m.statuses).map(([s, n]) => el("span", {}, el("span", { class: `badge ${s}`, text: s }), ` ${n} `)));
+    const matrix = {};
+    for (const [axis, values] of Object.entries(m.matrix)) matrix[axis] = values.join(", ");
+    const prov = {};
+    for (const [k, v] of Object.entries(m.provenance)) {
+      if (k === "library_versions" && v) {
+        prov[k] = v.split("; ").map((one) => {
+          try { return Object.entries(JSON.parse(one)).map(([a, b]) => `${a} ${b}`).join(", "); } catch (e) { return one; }
+        }).join(" | ");
+      } else prov[k] = v || "–";
+    }
+    const facts = { results: m.results, cells: m.cells, "max tokens": m.max_tokens.join(", "), reference: m.reference,
+                    "run ids": m.run_ids.join(", "), "report made": m.generated_at };
+    document.getElementById("overview-body").append(
+      el("p", {}, "Rows by status: ", statuses),
+      el("div", { class: "cols" },
+        el("div", {}, el("h3", { text: "Experiment" }), kv(facts)),
+        el("div", {}, el("h3", { text: "Matrix" }), kv(matrix)),
+        el("div", {}, el("h3", { text: "Provenance" }), kv(prov))));
+  }
+
+  // ---------- charts ----------
+  function chartBox(title, note, body) {
+    return el("div", { class: "chart" }, el("h3", { text: title }), body, note ? el("p", { class: "note", text: note }) : null);
+  }
+  // Ticks at round steps (1, 2 or 5 times a power of ten) from 0 to max.
+  function axisTicks(g, x0, x1, y, max, fmt, count = 5) {
+    const raw = max / count, power = Math.pow(10, Math.floor(Math.log10(raw || 1)));
+    const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw) || raw;
+    for (let v = 0; v <= max + step * 1e-9; v += step) {
+      const x = x0 + ((x1 - x0) * v) / max;
+      g.append(svg("line", { x1: x, x2: x, y1: y, y2: y + 4, stroke: "#888" }), svg("text", { x, y: y + 15, "text-anchor": "middle" }, fmt(v)));
+    }
+  }
+  // Room for bar labels on the left: about 7.5 px per character at 14 px, within limits.
+  const labelRoom = (labels) => Math.max(120, Math.min(360, 16 + 7.5 * Math.max(...labels.map((l) => l.length))));
+  function identicalChart(recs) {
+    if (!recs.length) return chartBox("Runs identical to the reference", null, el("p", { class: "empty", text: "No run had a reference to compare with." }));
+    const series = [...new Set(recs.map((r) => r.series))];
+    const rowH = 20, right = 600, top = 8;
+    const left = labelRoom(recs.map((r) => `${r.series} · batch ${r.batch_size}`));
+    const h = top + recs.length * rowH + series.length * 8 + 26;
+    const s = svg("svg", { viewBox: `0 0 680 ${h}`, role: "img", "aria-label": "share identical" });
+    let y = top;
+    series.forEach((name, si) => {
+      for (const r of recs.filter((q) => q.series === name)) {
+        const w = (right - left) * r.share;
+        s.append(svg("text", { x: left - 6, y: y + 13, "text-anchor": "end" }, `${name} · batch ${r.batch_size}`));
+        s.append(svg("rect", { x: left, y: y + 2, width: right - left, height: rowH - 5, fill: "#f1d2cf" }));
+        s.append(svg("rect", { x: left, y: y + 2, width: w, height: rowH - 5, fill: PALETTE[si % PALETTE.length] }, svg("title", {}, `${r.identical} of ${r.compared} identical`)));
+        s.append(svg("text", { x: right + 6, y: y + 13 }, `${r.identical}/${r.compared}`));
+        y += rowH;
+      }
+      y += 8;
+    });
+    axisTicks(s, left, right, y, 1, (v) => `${Math.round(v * 100)}%`, 4);
+    return chartBox("Runs identical to the reference", `Coloured: identical to the reference (${DATA.meta.reference}); pale red: departed.`, s);
+  }
+  function histogram(recs) {
+    if (!recs.length) return chartBox("Where runs first depart", null, el("p", { class: "empty", text: "No run departed from its reference." }));
+    const values = recs.map((r) => r.first_divergence), max = Math.max(...values) + 1;
+    const bins = Math.min(24, max), width = Math.ceil(max / bins), counts = new Array(Math.ceil(max / width)).fill(0);
+    values.forEach((v) => counts[Math.floor(v / width)]++);
+    const left = 40, right = 660, base = 170, top = 10, peak = Math.max(...counts);
+    const s = svg("svg", { viewBox: "0 0 680 200", role: "img", "aria-label": "first divergence histogram" });
+    const bw = (right - left) / counts.length;
+    counts.forEach((c, i) => {
+      const hgt = ((base - top) * c) / peak;
+      s.append(svg("rect", { x: left + i * bw + 1, y: base - hgt, width: bw - 2, height: hgt, fill: "#c2410c" }, svg("title", {}, `tokens ${i * width}–${(i + 1) * width - 1}: ${c} run(s)`)));
+      if (c) s.append(svg("text", { x: left + i * bw + bw / 2, y: base - hgt - 3, "text-anchor": "middle" }, c));
+    });
+    s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }));
+    axisTicks(s, left, right, base, counts.length * width, (v) => Math.round(v), Math.min(8, counts.length));
+    return chartBox("Where runs first depart", `${recs.length} run(s) departed; x: token position of the first difference, bins of ${width}.`, s);
+  }
+  function marginChart(recs) {
+    const pts = recs.filter((r) => r.margin_run !== null && r.margin_reference !== null);
+    if (!pts.length) return chartBox("How close the decision was where runs split", null, el("p", { class: "empty", text: "No divergence with recorded margins." }));
+    const max = Math.max(...pts.map((p) => Math.max(p.margin_run, p.margin_reference))) * 1.1 || 1;
+    const left = 66, right = 660, top = 10, base = 200;
+    const s = svg("svg", { viewBox: "0 0 680 230", role: "img", "aria-label": "margins at divergence" });
+    const X = (v) => left + ((right - left) * v) / max, Y = (v) => base - ((base - top) * v) / max;
+    s.append(svg("line", { x1: X(0), y1: Y(0), x2: X(max), y2: Y(max), stroke: "#bbb", "stroke-dasharray": "4 3" }));
+    s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }), svg("line", { x1: left, x2: left, y1: top, y2: base, stroke: "#888" }));
+    axisTicks(s, left, right, base, max, (v) => num(v, 2), 5);
+    for (let i = 0; i <= 4; i++) s.append(svg("text", { x: left - 4, y: Y((max * i) / 4) + 4, "text-anchor": "end" }, num((max * i) / 4, 2)));
+    pts.forEach((p) => s.append(svg("circle", { cx: X(p.margin_reference), cy: Y(p.margin_run), r: 4, fill: "#3451b2", "fill-opacity": 0.7 },
+      svg("title", {}, `${p.prompt_id}, ${p.series}, batch ${p.batch_size}, token ${p.first_divergence}: reference ${num(p.margin_reference)}, run ${num(p.margin_run)}`))));
+    return chartBox("How close the decision was where runs split",
+      "Top-1 minus top-2 logit margin at the first differing token: x in the reference run, y in the departing run. Near zero: a near tie that the batch flipped.", s);
+  }
+  function slowdownChart(recs) {
+    if (!recs.length) return chartBox("What batch-invariant mode costs", null, el("p", { class: "empty", text: "No cells differing only in batch_invariant ran OK, so there is no slowdown to show." }));
+    const right = 600, rowH = 22, top = 8, h = top + recs.length * rowH + 30;
+    const left = labelRoom(recs.map((r) => `${r.engine} ${r.dtype} · batch ${r.batch_size}`));
+    const max = Math.max(1.1, ...recs.map((r) => r.throughput_ratio_max || r.throughput_ratio)) * 1.05;
+    const s = svg("svg", { viewBox: `0 0 680 ${h}`, role: "img", "aria-label": "slowdown" });
+    const X = (v) => left + ((right - left) * v) / max;
+    recs.forEach((r, i) => {
+      const y = top + i * rowH;
+      s.append(svg("text", { x: left - 6, y: y + 14, "text-anchor": "end" }, `${r.engine} ${r.dtype} · batch ${r.batch_size}`));
+      s.append(svg("rect", { x: left, y: y + 3, width: X(r.throughput_ratio) - left, height: rowH - 8, fill: "#9333ea", "fill-opacity": 0.75 }));
+      s.append(svg("line", { x1: X(r.throughput_ratio_min), x2: X(r.throughput_ratio_max), y1: y + rowH / 2, y2: y + rowH / 2, stroke: "#000" }));
+      s.append(svg("text", { x: Math.max(X(r.throughput_ratio_max), X(r.throughput_ratio)) + 6, y: y + 14 }, `×${num(r.throughput_ratio)} (${r.pairs} pairs)`));
+    });
+    const yb = top + recs.length * rowH;
+    s.append(svg("line", { x1: X(1), x2: X(1), y1: top, y2: yb, stroke: "#b3261e", "stroke-dasharray": "3 3" }));
+    axisTicks(s, left, right, yb, max, (v) => num(v, 2), 4);
+    return chartBox("What batch-invariant mode costs", "Throughput with the mode off ÷ on (median bar, range over paired batches; above 1: the mode is slower).", s);
+  }
+  function probeTable(recs) {
+    const box = document.getElementById("probe-body");
+    if (!recs.length) return;
+    box.append(el("h3", { text: "Logit probes (against the same prompt decoded alone)" }),
+      el("table", {}, el("tr", {}, ["setting", "batch", "runs", "steps compared", "steps with moved logits", "logits moved", "share moved", "max |Δ logit|", "steps with margin < 0.1"].map((t) => el("th", { text: t }))),
+        recs.map((r) => el("tr", {}, el("td", { text: r.series }), el("td", { class: "num", text: r.batch_size }), el("td", { class: "num", text: r.runs }),
+          el("td", { class: "num", text: r.steps }), el("td", { class: "num", text: r.steps_differed }),
+          el("td", { class: "num", text: `${r.logits_differed} of ${r.logits_compared}` }), el("td", { class: "num", text: pct(r.moved_share) }),
+          el("td", { class: "num", text: num(r.max_abs_diff) }), el("td", { class: "num", text: pct(r.low_margin_frac) })))));
+  }
+  function charts() {
+    const c = DATA.charts;
+    document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), slowdownChart(c.slowdown));
+    probeTable(c.probes);
+  }
+
+  // ---------- runs viewer ----------
+  const AXES_SHOWN = DATA.filters;
+  const settingLabel = (s) => AXES_SHOWN.map((a) => `${a}=${s[a]}`).join(" ");
+  function buildGroups() {
+    const groups = new Map(), order = Object.keys(DATA.prompts);
+    for (const run of DATA.runs) {
+      const key = run.status !== "ok" ? `${run.prompt}|${run.cell}|${run.status}` : `${run.prompt}|${run.ref ? run.cell : (run.refcell || run.cell)}`;
+      if (!groups.has(key)) groups.set(key, { key, prompt: run.prompt, runs: [], ref: null, status: run.status });
+      const g = groups.get(key);
+      if (run.ref) g.ref = run; else g.runs.push(run);
+    }
+    const rank = (p) => (order.indexOf(p) < 0 ? 1e9 : order.indexOf(p));
+    const list = [...groups.values()];
+    for (const g of list) {
+      g.runs.sort((a, b) => JSON.stringify(Object.values(a.s)).localeCompare(JSON.stringify(Object.values(b.s)), undefined, { numeric: true }) || a.repeat - b.repeat);
+      g.setting = g.ref ? g.ref.s : (g.runs[0] || {}).s;
+    }
+    list.sort((a, b) => rank(a.prompt) - rank(b.prompt) || a.prompt.localeCompare(b.prompt) || settingLabel(a.setting).localeCompare(settingLabel(b.setting), undefined, { numeric: true }));
+    return list;
+  }
+  const GROUPS = buildGroups();
+  const state = { page: 0, filters: {}, prompt: "", show: "all", expanded: new Set() };
+
+  function passes(run) {
+    for (const [axis, value] of Object.entries(state.filters)) if (value !== "" && String(run.s[axis]) !== value) return false;
+    if (state.prompt && run.prompt !== state.prompt) return false;
+    if (state.show === "diverged") return run.fd !== null && run.fd !== undefined;
+    if (state.show === "identical") return run.m === true;
+    if (state.show === "problems") return run.status !== "ok";
+    return true;
+  }
+  function visibleGroups() {
+    const out = [];
+    for (const g of GROUPS) {
+      const runs = g.runs.filter(passes);
+      const refShown = g.ref && passes(g.ref) && state.show === "all";
+      if (runs.length || refShown) out.push({ g, runs });
+    }
+    return out;
+  }
+  function tokens(run, refRun) {
+    const out = DATA.outputs[run.h] || { t: [""] };
+    const k = run.fd === undefined ? null : run.fd;
+    const box = el("div", { class: "out" });
+    if (out.whole) {
+      box.append(el("span", { class: "tok whole", text: out.t[0] }));
+      if (k !== null) box.prepend(el("div", { class: "hint", text: `departs at token ${k} (this engine gave no per-token text)` }));
+      return box;
+    }
+    out.t.forEach((piece, i) => {
+      let cls = "tok";
+      if (run.m === true || (k !== null && i < k)) cls += " same";
+      else if (k !== null && i === k) cls += " split";
+      box.append(el("span", { class: cls, "data-i": i, title: `token ${i}`, text: piece }));
+    });
+    if (k !== null && k >= out.t.length) box.append(el("span", { class: "tok split ended", "data-i": k, title: `token ${k}`, text: " ⟂ ends here" }));
+    if (run.ref && refRun === null && !out.t.length) box.append(el("span", { class: "hint", text: "(empty output)" }));
+    return box;
+  }
+  function runRow(run, isRef) {
+    const attrs = { class: isRef ? "run is-ref" : "run", "data-cell": run.cell, "data-prompt": run.prompt, "data-repeat": run.repeat,
+                    "data-status": run.status, "data-fd": run.fd === null || run.fd === undefined ? "" : run.fd };
+    for (const a of Object.keys(run.s)) attrs[`data-${a}`] = String(run.s[a]);
+    const label = el("div", { class: "label" });
+    let verdict;
+    if (run.status !== "ok") verdict = el("span", { class: `badge ${run.status}`, text: run.status });
+    else if (isRef) verdict = el("span", { class: "badge reference", text: "reference" });
+    else if (run.m === true) verdict = el("span", { class: "badge same", text: "identical" });
+    else if (run.m === false) verdict = el("span", { class: "badge differs", text: `departs at token ${run.fd}` });
+    else verdict = el("span", { class: "badge", text: "no reference run" });
+    label.append(el("div", {}, verdict, ` repeat ${run.repeat}`), el("div", { text: settingLabel(run.s) }));
+    if (run.n !== undefined) label.append(el("div", { text: `${run.n} tokens${run.tps ? ` · ${num(run.tps)} tok/s` : ""}` }));
+    if (run.margin) label.append(el("div", { text: `margin at split: run ${num(run.margin[0])}, reference ${num(run.margin[1])}` }));
+    if (run.probe && run.probe.steps !== null) {
+      label.append(el("div", { class: "probe", text: `logits moved: ${run.probe.logits_differed} of ${run.probe.logits_compared} in ${run.probe.steps} steps, max |Δ| ${num(run.probe.max_abs_diff)}` }));
+    } else if (run.probe && run.probe.reference) label.append(el("div", { class: "probe", text: `logit probe ${run.probe.reference}` }));
+    const body = run.status === "ok" ? tokens(run, isRef ? null : undefined) : el("div", { class: "out error", text: run.error || "" });
+    return el("div", attrs, label, body);
+  }
+  function render() {
+    const vis = visibleGroups();
+    const pages = Math.max(1, Math.ceil(vis.length / PAGE_SIZE));
+    state.page = Math.min(state.page, pages - 1);
+    const slice = vis.slice(state.page * PAGE_SIZE, (state.page + 1) * PAGE_SIZE);
+    const box = document.getElementById("groups");
+    box.replaceChildren();
+    if (!slice.length) box.append(el("p", { class: "empty", text: "No run matches these filters." }));
+    for (const { g, runs } of slice) {
+      const diverged = runs.filter((r) => r.m === false);
+      const head = el("div", { class: "head" }, el("strong", { text: g.prompt }),
+        el("span", { text: g.ref ? `reference: ${settingLabel(g.ref.s)}, repeat 0` : (g.status === "ok" ? "no reference run" : g.status) }),
+        el("span", { text: `${runs.length} run(s) shown, ${diverged.length} departed${diverged.length ? `, earliest at token ${Math.min(...diverged.map((r) => r.fd))}` : ""}` }),
+        DATA.prompts[g.prompt] ? el("span", { class: "prompt", text: DATA.prompts[g.prompt] }) : null);
+      const group = el("div", { class: "group", "data-group": g.key }, head);
+      if (g.ref) group.append(runRow(g.ref, true));
+      const limit = state.expanded.has(g.key) ? runs.length : GROUP_LIMIT;
+      runs.slice(0, limit).forEach((r) => group.append(runRow(r, false)));
+      if (runs.length > limit) {
+        const more = el("button", { type: "button", class: "more", text: `show ${runs.length - limit} more run(s)` });
+        more.addEventListener("click", () => { state.expanded.add(g.key); render(); });
+        group.append(el("div", { class: "label" }, more));
+      }
+      box.append(group);
+    }
+    const shownRuns = slice.reduce((n, v) => n + v.runs.length, 0); // counted whether or not folded
+    for (const id of ["pager-top", "pager-bottom"]) {
+      const p = document.getElementById(id);
+      const prev = el("button", { type: "button", class: "prev", disabled: state.page === 0 ? "disabled" : null, text: "‹ previous" });
+      const next = el("button", { type: "button", class: "next", disabled: state.page >= pages - 1 ? "disabled" : null, text: "next ›" });
+      prev.addEventListener("click", () => { state.page--; render(); });
+      next.addEventListener("click", () => { state.page++; render(); });
+      p.replaceChildren(prev, el("span", { class: "page-info", text: `page ${state.page + 1} of ${pages} · ${vis.length} block(s) · ${shownRuns} run(s) on this page` }), next);
+    }
+  }
+  function filters() {
+    const form = document.getElementById("filters");
+    const values = (axis) => [...new Set(DATA.runs.map((r) => String(r.s[axis])))].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const select = (name, options, onChange, labelText) => {
+      const s = el("select", { name, id: `filter-${name}` }, options.map(([v, t]) => el("option", { value: v, text: t })));
+      s.addEventListener("change", () => { onChange(s.value); state.page = 0; render(); });
+      form.append(el("label", { for: `filter-${name}` }, labelText || name, s));
+    };
+    for (const axis of DATA.filters) select(axis, [["", "all"], ...values(axis).map((v) => [v, v])], (v) => { state.filters[axis] = v; });
+    select("prompt", [["", "all"], ...[...new Set(DATA.runs.map((r) => r.prompt))].map((p) => [p, p])], (v) => { state.prompt = v; });
+    select("show", [["all", "all runs"], ["diverged", "departed only"], ["identical", "identical only"], ["problems", "failed / unsupported / skipped"]], (v) => { state.show = v; }, "show");
+  }
+
+  overview();
+  charts();
+  filters();
+  render();
+  document.getElementById("footer").textContent = `Made by harness report from ${DATA.meta.results}. Data inline; no network needed.`;
+  document.body.setAttribute("data-ready", "1");
+})();

@@ -1,0 +1,96 @@
+"""The numbers behind the charts, computed once for both the HTML report and `harness plot`.
+
+Every chart is a small table, so a paper's figure can be redrawn or checked from the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from harness import metrics
+
+#: Axes that, when they vary, name a series (the x axis of the agreement chart is batch size).
+SERIES_AXES = ("engine", "model", "dtype", "gpu", "batch_invariant", "temperature", "seed", "top_p", "top_k")
+
+
+@dataclass
+class Charts:
+    identical: pd.DataFrame  # series, batch_size, compared, identical, share
+    divergence: pd.DataFrame  # series, batch_size, first_divergence (one record per diverged run)
+    margins: pd.DataFrame  # series, batch_size, prompt_id, first_divergence, margin_run, margin_reference
+    slowdown: pd.DataFrame  # metrics.slowdown
+    reference: str
+
+
+def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
+    """'llamacpp f32' style labels from the axes that vary in these results (engine always shown)."""
+    axes = ["engine"] + [a for a in varying if a != "engine"]
+
+    def label(row: Any) -> str:
+        parts = []
+        for axis in axes:
+            value = row[axis]
+            if axis == "engine":
+                parts.append(str(value))
+            elif axis == "batch_invariant":
+                parts.append("batch-invariant" if value else "default")
+            else:
+                parts.append(f"{axis}={value}" if axis in ("seed", "temperature", "top_p", "top_k") else str(value))
+        return " ".join(parts)
+
+    return frame.apply(label, axis=1) if len(frame) else pd.Series([], dtype=str)
+
+
+def varying_axes(rows: pd.DataFrame) -> list[str]:
+    return [a for a in SERIES_AXES if a in rows and rows[a].nunique(dropna=False) > 1]
+
+
+def step_value(values: Any, k: int) -> float | None:
+    """A per-step list's value at step k; None where the list is shorter or the value unknown."""
+    if values is None or k >= len(values):
+        return None
+    value = float(values[k])
+    return None if math.isnan(value) else value
+
+
+def compute(rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any]) -> Charts:
+    """`rows`: all rows (with margins); `annotated`: metrics.against_reference of them."""
+    varying = varying_axes(rows)
+    judged = annotated[annotated["matched"].notna()].copy()
+    judged["series"] = series_labels(judged, varying)
+    identical = (
+        judged.assign(identical=judged["matched"].astype(bool))
+        .groupby(["series", "batch_size"], sort=True)
+        .agg(compared=("identical", "size"), identical=("identical", "sum"))
+        .reset_index()
+    )
+    identical["share"] = identical["identical"] / identical["compared"]
+
+    split = judged[judged["first_divergence"].notna()].copy()
+    divergence = split[["series", "batch_size", "first_divergence"]].astype({"first_divergence": int})
+
+    margin_of = {
+        (r.cell_id, r.prompt_id, r.repeat): r.margins for r in annotated[["cell_id", "prompt_id", "repeat", "margins"]]
+        .itertuples(index=False)
+    }
+    records = []
+    for r in split.itertuples(index=False):
+        k = int(r.first_divergence)
+        records.append({
+            "series": r.series, "batch_size": r.batch_size, "prompt_id": r.prompt_id, "first_divergence": k,
+            "margin_run": step_value(r.margins, k),
+            "margin_reference": step_value(margin_of.get((r.reference_cell, r.prompt_id, 0)), k),
+        })
+    margins = pd.DataFrame(records, columns=["series", "batch_size", "prompt_id", "first_divergence",
+                                             "margin_run", "margin_reference"])
+    return Charts(
+        identical=identical,
+        divergence=divergence.reset_index(drop=True),
+        margins=margins,
+        slowdown=metrics.slowdown(rows),
+        reference=",".join(f"{k}={v}" for k, v in reference.items()),
+    )

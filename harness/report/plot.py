@@ -1,0 +1,106 @@
+"""`harness plot`: the report's charts as PNG and SVG files (matplotlib), for papers and slides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.report.charts import Charts
+
+FORMATS = ("png", "svg")
+
+
+def _figure(rows: int):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt, plt.subplots(figsize=(7.5, max(2.4, 0.9 + 0.32 * rows)), layout="constrained")
+
+
+def identical(ch: Charts):
+    plt, (fig, ax) = _figure(len(ch.identical))
+    labels = [f"{r.series} · batch {r.batch_size}" for r in ch.identical.itertuples()][::-1]
+    shares = list(ch.identical["share"])[::-1]
+    counts = [f"{r.identical}/{r.compared}" for r in ch.identical.itertuples()][::-1]
+    ax.barh(labels, [1.0] * len(labels), color="#f1d2cf")
+    bars = ax.barh(labels, shares, color="#3451b2")
+    ax.bar_label(bars, counts, padding=4)
+    ax.set_xlim(0, 1.15)
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    ax.set_xlabel(f"runs identical to the reference ({ch.reference})")
+    ax.set_title("Runs identical to the reference")
+    return plt, fig
+
+
+def divergence(ch: Charts):
+    plt, (fig, ax) = _figure(6)
+    for name, part in ch.divergence.groupby("series"):
+        ax.hist(part["first_divergence"], bins=min(24, int(part["first_divergence"].max()) + 1), alpha=0.75, label=name)
+    ax.set_xlabel("token position of the first difference")
+    ax.set_ylabel("runs")
+    ax.set_title(f"Where runs first depart ({len(ch.divergence)} runs)")
+    ax.legend(fontsize="small")
+    return plt, fig
+
+
+def margins(ch: Charts):
+    plt, (fig, ax) = _figure(8)
+    pts = ch.margins.dropna(subset=["margin_run", "margin_reference"])
+    top = float(max(pts["margin_run"].max(), pts["margin_reference"].max())) * 1.1 or 1.0
+    ax.plot([0, top], [0, top], ls="--", color="#bbbbbb", lw=1)
+    for name, part in pts.groupby("series"):
+        ax.scatter(part["margin_reference"], part["margin_run"], label=name, alpha=0.75)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("top-1 minus top-2 logit margin in the reference run")
+    ax.set_ylabel("margin in the departing run")
+    ax.set_title("How close the decision was where runs split")
+    ax.legend(fontsize="small")
+    return plt, fig
+
+
+def slowdown(ch: Charts):
+    s = ch.slowdown
+    plt, (fig, ax) = _figure(len(s))
+    labels = [f"{r.engine} {r.dtype} · batch {r.batch_size}" for r in s.itertuples()]
+    ratio = s["throughput_ratio"]
+    err = [ratio - s["throughput_ratio_min"], s["throughput_ratio_max"] - ratio]
+    bars = ax.barh(labels, ratio, xerr=err, color="#9333ea", alpha=0.8, capsize=3)
+    ax.bar_label(bars, [f"×{v:.2f}" for v in ratio], padding=6)
+    ax.axvline(1.0, color="#b3261e", ls="--", lw=1)
+    ax.set_xlabel("throughput, batch-invariant off ÷ on (range over paired batches)")
+    ax.set_title("What batch-invariant mode costs")
+    return plt, fig
+
+
+#: chart name (also the Charts field it draws) -> drawing function
+CHARTS = {"identical": identical, "divergence": divergence, "margins": margins, "slowdown": slowdown}
+
+
+def _plottable(ch: Charts, name: str):
+    data = getattr(ch, name)
+    return data.dropna(subset=["margin_run", "margin_reference"]) if name == "margins" else data
+
+
+def write(ch: Charts, out: Path, formats: tuple[str, ...] = FORMATS) -> tuple[list[Path], list[str]]:
+    """Draw every chart that has data, each beside a CSV of its numbers.
+
+    Returns the files written and the charts left out, with why.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    left_out: list[str] = []
+    for name, draw in CHARTS.items():
+        getattr(ch, name).to_csv(out / f"{name}.csv", index=False)
+        written.append(out / f"{name}.csv")
+        if _plottable(ch, name).empty:
+            left_out.append(f"{name}: no data in these results")
+            continue
+        plt, fig = draw(ch)
+        for fmt in formats:
+            path = out / f"{name}.{fmt}"
+            fig.savefig(path, dpi=150)
+            written.append(path)
+        plt.close(fig)
+    return written, left_out
