@@ -62,22 +62,28 @@ class Comparer:
         ref = self.reference
         if self.shared and step < len(ref.logits):
             expected = ref.logits[step]
-            moved = int(np.count_nonzero(logits != expected))
+            # NaN marks a value the engine did not expose (vLLM: outside its top-k). A value
+            # exposed on one side only moved into or out of the top-k: it counts as moved.
+            seen, seen_ref = ~np.isnan(logits), ~np.isnan(expected)
+            both = seen & seen_ref
+            unequal = both & (logits != expected)
+            moved = int(np.count_nonzero(unequal)) + int(np.count_nonzero(seen ^ seen_ref))
             self.steps += 1
-            self.compared += int(logits.size)
+            self.compared += int(np.count_nonzero(seen | seen_ref))
             self.differed += moved
             if moved:
                 self.steps_differed += 1
                 if self.first_diff_step is None:
                     self.first_diff_step = step
-                self.max_abs_diff = max(self.max_abs_diff, float(np.nanmax(np.abs(logits - expected))))
+                if unequal.any():
+                    self.max_abs_diff = max(self.max_abs_diff, float(np.abs(logits - expected)[unequal].max()))
         # The next step's input is this step's token: the prefix stays shared only if it matches.
         if step >= len(ref.tokens) or token != ref.tokens[step]:
             self.shared = False
 
-    def columns(self) -> dict[str, Any]:
+    def columns(self, scope: str) -> dict[str, Any]:
         return {
-            "probe_reference": REFERENCE,
+            "probe_reference": f"{REFERENCE}; {scope}",
             "probe_steps": self.steps,
             "probe_steps_differed": self.steps_differed,
             "probe_first_diff_step": self.first_diff_step,
@@ -123,5 +129,5 @@ class LogitProbes:
         else:
             comparer = Comparer(self._reference(prompts[target], sampling))
             out = self.engine.generate_observed(prompts, target, sampling, comparer)
-            cols = comparer.columns()
+            cols = comparer.columns(self.engine.probe_scope())
         return out, cols | {"probe_low_margin_frac": low_margin_fraction(out.target.margins)}

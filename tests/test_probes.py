@@ -25,8 +25,8 @@ def test_comparer_counts_moved_logits_only_while_the_prefix_is_shared():
     probe(1, np.array([1, 1.5, 4], dtype=np.float32), 2)  # one logit moved by 0.5, same choice
     probe(2, np.array([3, 0, 0.25], dtype=np.float32), 2)  # moved, and a different token chosen
     probe(3, np.array([9, 9, 9], dtype=np.float32), 1)  # after the split: not compared
-    cols = probe.columns()
-    assert cols["probe_steps"] == 3 and cols["probe_logits_compared"] == 9
+    cols = probe.columns("full logit vectors")
+    assert cols["probe_reference"].endswith("full logit vectors") and cols["probe_steps"] == 3 and cols["probe_logits_compared"] == 9
     assert cols["probe_logits_differed"] == 2 and cols["probe_steps_differed"] == 2
     assert cols["probe_first_diff_step"] == 1 and cols["probe_max_abs_diff"] == pytest.approx(0.5)
 
@@ -35,7 +35,17 @@ def test_comparer_stops_where_the_reference_ends():
     probe = Comparer(_trace([4], [[1, 2]]))
     probe(0, np.array([1, 2], dtype=np.float32), 4)
     probe(1, np.array([1, 2], dtype=np.float32), 4)
-    assert probe.columns()["probe_steps"] == 1 and probe.columns()["probe_first_diff_step"] is None
+    cols = probe.columns("")
+    assert cols["probe_steps"] == 1 and cols["probe_first_diff_step"] is None
+
+
+def test_comparer_on_top_k_vectors_counts_entries_that_left_the_top_k():
+    nan = float("nan")
+    probe = Comparer(_trace([0], [[-0.1, -2.5, nan, nan]]))  # reference: tokens 0 and 1 exposed
+    probe(0, np.array([-0.1, nan, -2.4, nan], dtype=np.float32), 0)  # 1 left the top-k, 2 entered
+    cols = probe.columns("top-2 log-probabilities")
+    assert cols["probe_logits_compared"] == 3 and cols["probe_logits_differed"] == 2
+    assert cols["probe_max_abs_diff"] == 0.0  # no value seen on both sides moved
 
 
 def test_low_margin_fraction_ignores_missing_steps():

@@ -24,6 +24,7 @@ name: vllm-test
 prompts: prompts.yaml
 repeats: 2
 max_tokens: 10
+probe_logits: true
 matrix:
   model: [smollm2-135m]
   engine: [vllm]
@@ -61,6 +62,16 @@ def test_rows_complete_with_tokens_and_margins(vllm_rows):
     ok = summary[~summary.batch_invariant]
     assert ok.unique_outputs.notna().all() and (ok.runs == 2).all()
     assert ok[ok.batch_size == 4].match_rate.notna().all()
+
+
+def test_logit_probe_on_vllm_compares_the_top_k_it_exposes(vllm_rows):
+    _, rows = vllm_rows
+    plain = rows[~rows.batch_invariant]
+    assert plain.probe_reference.str.contains("top-20 log-probabilities").all()
+    assert (plain.probe_steps > 0).all()
+    assert (plain.probe_logits_compared >= 20 * plain.probe_steps).all()  # k values a step, or more
+    alone = plain[plain.batch_size == 1]  # the same request alone twice: nothing may move
+    assert (alone.probe_logits_differed == 0).all() and alone.probe_first_diff_step.isna().all()
 
 
 def test_batch_invariant_on_cpu_is_recorded_as_it_happens(vllm_rows):

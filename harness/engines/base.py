@@ -77,7 +77,8 @@ class BatchOutput:
 
 
 Log = Callable[[str], None]
-#: called once per step of the target generation: (step, full logit vector, chosen token)
+#: called once per step of the target generation: (step, logit vector, chosen token); entries an
+#: engine does not expose are NaN
 StepObserver = Callable[[int, "np.ndarray", int], None]
 
 
@@ -109,6 +110,10 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
         """Run one batch together; return the output of prompts[target] in detail."""
+
+    def probe_scope(self) -> str:
+        """What a logit probe sees on this engine, for the rows' probe_reference column."""
+        return "full logit vectors"
 
     def generate_observed(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import Field
 
 from harness import models
@@ -24,6 +25,7 @@ from harness.engines.base import (
     Log,
     Sampling,
     SequenceOutput,
+    StepObserver,
     Unsupported,
 )
 
@@ -43,6 +45,9 @@ class VllmOptions(EngineOptions):
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=16)
     ignore_eos: bool = False
+    probe_top_k: int = Field(
+        20, ge=2, description="log-probabilities per step that a logit probe compares (vLLM hands out no logit vector)"
+    )
     trust_remote_code: bool = False
     extra: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for vllm.LLM, verbatim")
 
@@ -77,10 +82,7 @@ def _worker_facts(worker: Any) -> dict[str, Any]:
 class VllmEngine(Engine):
     name = "vllm"
     Options = VllmOptions
-    logit_probe_unavailable = (
-        "vLLM hands out log-probabilities of at most max_logprobs top tokens per step (after "
-        "softmax), not the logit vector; a full-vocabulary request would be a different program path"
-    )
+    logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -112,7 +114,7 @@ class VllmEngine(Engine):
             "enforce_eager": self.opts.enforce_eager,
             "tensor_parallel_size": self.opts.tensor_parallel_size,
             "trust_remote_code": self.opts.trust_remote_code,
-            "max_logprobs": 2,
+            "max_logprobs": self.opts.probe_top_k,
         }
         for key in ("attention_backend", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                     "kv_cache_memory_bytes", "max_model_len"):
@@ -127,6 +129,10 @@ class VllmEngine(Engine):
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._eos = {t for t in [getattr(self.tokenizer, "eos_token_id", None)] if t is not None}
+        try:
+            self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        except Exception:  # noqa: BLE001 - the tokenizer's size is the next best
+            self._vocab_size = len(self.tokenizer)
         self._prompt_cache: dict[str, list[int]] = {}
         try:
             self.facts = self.llm.collective_rpc(_worker_facts)[0]
@@ -146,7 +152,18 @@ class VllmEngine(Engine):
             ids = self._prompt_cache[text] = list(self.tokenizer.encode(chat, add_special_tokens=False))
         return ids
 
-    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+    def probe_scope(self) -> str:
+        return (f"top-{self.opts.probe_top_k} log-probabilities per step (vLLM hands out no logit vector; "
+                "a move of all logits by one constant is not seen)")
+
+    def generate_observed(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
+    ) -> BatchOutput:
+        return self.generate(prompts, target, sampling, observe)
+
+    def generate(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None
+    ) -> BatchOutput:
         from vllm import SamplingParams
 
         limit = self.opts.max_num_seqs
@@ -159,7 +176,7 @@ class VllmEngine(Engine):
                 top_k=sampling.top_k if sampling.top_k > 0 else 0,
                 seed=sampling.seed_for(i, target),
                 max_tokens=sampling.max_tokens,
-                logprobs=2,
+                logprobs=self.opts.probe_top_k if observe is not None and i == target else 2,
                 ignore_eos=self.opts.ignore_eos,
             )
             for i in range(len(prompts))
@@ -171,6 +188,8 @@ class VllmEngine(Engine):
         result = outputs[target].outputs[0]
         ids = list(result.token_ids)
         steps = _step_stats(result.logprobs or [], ids)
+        if observe is not None:
+            self._observe(result.logprobs or [], ids, observe)
         if result.finish_reason == "stop" and ids and ids[-1] in self._eos and not self.opts.ignore_eos:
             ids = ids[:-1]  # like llama.cpp rows: the end-of-generation token is a step, not output
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -186,6 +205,11 @@ class VllmEngine(Engine):
             wall_s=wall,
             batch_generated_tokens=generated,
         )
+
+    def _observe(self, logprobs: list[dict[int, Any]], ids: list[int], observe: StepObserver) -> None:
+        """Replay the target's steps to a probe after the fact (vLLM returns them all at the end)."""
+        for step, (token, exposed) in enumerate(zip(ids, logprobs)):
+            observe(step, _dense(exposed, self._vocab_size), token)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -205,6 +229,15 @@ class VllmEngine(Engine):
             if callable(shutdown):
                 shutdown()
             self.llm = None
+
+
+def _dense(step: dict[int, Any], size: int) -> np.ndarray:
+    """One step's exposed log-probabilities as a vocabulary-sized vector, NaN where not exposed."""
+    vector = np.full(size, np.nan, dtype=np.float32)
+    for token, lp in step.items():
+        if 0 <= token < size:
+            vector[token] = lp.logprob
+    return vector
 
 
 def _step_stats(logprobs: list[dict[int, Any]], ids: list[int]) -> tuple[list[float], list[float]]:

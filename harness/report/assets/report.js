@@ -198,7 +198,7 @@
     }
     return out;
   }
-  function tokens(run, refRun) {
+  function tokens(run) {
     const out = DATA.outputs[run.h] || { t: [""] };
     const k = run.fd === undefined ? null : run.fd;
     const box = el("div", { class: "out" });
@@ -214,7 +214,7 @@
       box.append(el("span", { class: cls, "data-i": i, title: `token ${i}`, text: piece }));
     });
     if (k !== null && k >= out.t.length) box.append(el("span", { class: "tok split ended", "data-i": k, title: `token ${k}`, text: " ⟂ ends here" }));
-    if (run.ref && refRun === null && !out.t.length) box.append(el("span", { class: "hint", text: "(empty output)" }));
+    if (!out.t.length) box.append(el("span", { class: "hint", text: "(empty output)" }));
     return box;
   }
   function runRow(run, isRef) {
@@ -234,7 +234,7 @@
     if (run.probe && run.probe.steps !== null) {
       label.append(el("div", { class: "probe", text: `logits moved: ${run.probe.logits_differed} of ${run.probe.logits_compared} in ${run.probe.steps} steps, max |Δ| ${num(run.probe.max_abs_diff)}` }));
     } else if (run.probe && run.probe.reference) label.append(el("div", { class: "probe", text: `logit probe ${run.probe.reference}` }));
-    const body = run.status === "ok" ? tokens(run, isRef ? null : undefined) : el("div", { class: "out error", text: run.error || "" });
+    const body = run.status === "ok" ? tokens(run) : el("div", { class: "out error", text: run.error || "" });
     return el("div", attrs, label, body);
   }
   function render() {
