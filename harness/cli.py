@@ -38,7 +38,7 @@ def _console() -> Console:
 
 
 def _summaries(out: Path, reference: list[str]):
-    """(per cell and prompt, slowdown) from a results folder; both also written as Parquet."""
+    """(per cell and prompt, slowdown, logit probes) from a results folder; each also written as Parquet."""
     from harness import metrics
     from harness.store import Store
 
@@ -48,19 +48,24 @@ def _summaries(out: Path, reference: list[str]):
     rows = store.read_rows(columns=metrics.ROW_COLUMNS)
     summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(reference or []))
     cost = metrics.slowdown(rows)
+    probes = metrics.probe_summary(rows)
     summary.to_parquet(out / "summary.parquet", index=False)
     cost.to_parquet(out / "slowdown.parquet", index=False)
-    return summary, cost
+    if not probes.empty:
+        probes.to_parquet(out / "probes.parquet", index=False)
+    return summary, cost, probes
 
 
-def _print_summaries(console: Console, title: str, summary, cost) -> None:
-    from harness.report.table import slowdown_table, summary_table, verdict_lines
+def _print_summaries(console: Console, title: str, summary, cost, probes) -> None:
+    from harness.report.table import probe_table, slowdown_table, summary_table, verdict_lines
 
     console.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
     for line in verdict_lines(summary):
         console.print(line)
     if not cost.empty:
         console.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))
+    if not probes.empty:
+        console.print(probe_table(probes, "logit probes: against the same prompt decoded alone, while the prefix is shared"))
 
 
 @app.command()
@@ -158,23 +163,24 @@ def summarize(
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
     what: str = typer.Option(
-        "cells", "--what", help="With json/csv: 'cells' (per cell and prompt) or 'slowdown' (batch-invariant cost)."
+        "cells", "--what",
+        help="With json/csv: 'cells' (per cell and prompt), 'slowdown' (batch-invariant cost) or 'probes' (logit probes).",
     ),
 ) -> None:
     """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence;
     and, where cells differ only in batch_invariant, what the mode costs."""
     if fmt not in ("table", "json", "csv"):
         raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
-    if what not in ("cells", "slowdown"):
-        raise HarnessError(f"--what '{what}': allowed: cells, slowdown")
-    summary, cost = _summaries(results, reference)
-    frame = summary if what == "cells" else cost
+    if what not in ("cells", "slowdown", "probes"):
+        raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes")
+    summary, cost, probes = _summaries(results, reference)
+    frame = {"cells": summary, "slowdown": cost, "probes": probes}[what]
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
-        _print_summaries(_console(), str(results), summary, cost)
+        _print_summaries(_console(), str(results), summary, cost, probes)
 
 
 @app.command()
@@ -405,7 +411,7 @@ def check(
         rules = experiment_for(results).experiment.expect
         if not rules:
             raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
-    summary, cost = _summaries(results, reference)
+    summary, cost, _ = _summaries(results, reference)
     verdicts = gate.evaluate(rules, summary, cost)
     table = Table(title=f"{results}: expectations", title_justify="left")
     for col in ("rule", "verdict", "detail"):

@@ -19,10 +19,14 @@ from harness.errors import HarnessError
 #: Columns that identify comparable settings (a cell, minus the ids).
 KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
 DEFAULT_REFERENCE: dict[str, Any] = {"batch_size": 1}
+PROBE_STAT_COLUMNS = [
+    "probe_steps", "probe_steps_differed", "probe_logits_compared", "probe_logits_differed",
+    "probe_max_abs_diff", "probe_low_margin_frac",
+]
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
     "batch_tokens_per_s",
-]
+] + PROBE_STAT_COLUMNS
 
 
 def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -233,3 +237,28 @@ def slowdown(rows: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out.reset_index()
+
+
+def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Logit probes pooled per setting (over prompts and repeats): how much of the logits moved.
+
+    `moved_share` is logits moved / logits compared over all compared steps; `max_abs_diff`
+    the largest single move; `low_margin_frac` the mean share of near-tie steps.
+    """
+    probed = rows[rows["probe_steps"].notna()] if "probe_steps" in rows else rows.iloc[0:0]
+    keys = list(KEY_COLUMNS)
+    if probed.empty:
+        return pd.DataFrame(columns=keys + ["runs", "steps", "steps_differed", "logits_compared",
+                                            "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"])
+    g = probed.groupby(keys, dropna=False, sort=True)
+    out = pd.DataFrame({
+        "runs": g.size(),
+        "steps": g["probe_steps"].sum(),
+        "steps_differed": g["probe_steps_differed"].sum(),
+        "logits_compared": g["probe_logits_compared"].sum(),
+        "logits_differed": g["probe_logits_differed"].sum(),
+        "max_abs_diff": g["probe_max_abs_diff"].max(),
+        "low_margin_frac": g["probe_low_margin_frac"].mean(),
+    }).reset_index()
+    out.insert(len(keys) + 5, "moved_share", out["logits_differed"] / out["logits_compared"].where(out["logits_compared"] > 0))
+    return out

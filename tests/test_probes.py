@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pytest
 
 from harness.probes import Comparer, Trace, low_margin_fraction
 from harness.store import Store
 
-from .conftest import needs_llama
+from .conftest import needs_llama, run_harness
 
 
 def _trace(tokens: list[int], vectors: list[list[float]]) -> Trace:
@@ -72,3 +73,11 @@ def test_probes_on_real_llamacpp(probed_results):
     assert (moved.probe_logits_differed > 0).all() and (moved.probe_max_abs_diff > 0).all()
     assert (moved.probe_logits_differed <= moved.probe_logits_compared).all()
     assert moved.probe_first_diff_step.notna().all()
+
+    done = run_harness("summarize", str(probed_results), "--format", "json", "--what", "probes")
+    assert done.returncode == 0, done.stderr
+    pooled = {(r["dtype"], r["batch_size"]): r for r in json.loads(done.stdout)}
+    assert set(pooled) == {("auto", 1), ("auto", 2), ("f32", 1), ("f32", 2)}
+    assert pooled[("f32", 2)]["moved_share"] > 0 and pooled[("f32", 2)]["runs"] == 4
+    assert pooled[("auto", 2)]["moved_share"] == 0 and pooled[("f32", 1)]["logits_differed"] == 0
+    assert (probed_results / "probes.parquet").is_file()

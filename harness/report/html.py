@@ -70,23 +70,13 @@ def _outputs(ok: pd.DataFrame) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _probe_table(annotated: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]:
-    probed = annotated[annotated["probe_steps"].notna()].copy()
-    if probed.empty:
+def _probe_table(rows: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]:
+    table = metrics.probe_summary(rows)
+    if table.empty:
         return []
-    probed["series"] = charts_mod.series_labels(probed, varying)
-    g = probed.groupby(["series", "batch_size"], sort=True)
-    table = pd.DataFrame({
-        "runs": g.size(),
-        "steps": g["probe_steps"].sum(),
-        "steps_differed": g["probe_steps_differed"].sum(),
-        "logits_compared": g["probe_logits_compared"].sum(),
-        "logits_differed": g["probe_logits_differed"].sum(),
-        "max_abs_diff": g["probe_max_abs_diff"].max(),
-        "low_margin_frac": g["probe_low_margin_frac"].mean(),
-    }).reset_index()
-    table["moved_share"] = table["logits_differed"] / table["logits_compared"].where(table["logits_compared"] > 0)
-    return _records(table)
+    table.insert(0, "series", charts_mod.series_labels(table, varying))
+    return _records(table[["series", "batch_size", "runs", "steps", "steps_differed", "logits_compared",
+                           "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"]])
 
 
 def _prompt_texts(results: Path) -> dict[str, str]:
@@ -160,7 +150,7 @@ def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, An
             "divergence": _records(chart.divergence),
             "margins": _records(chart.margins),
             "slowdown": _records(chart.slowdown),
-            "probes": _probe_table(annotated, varying),
+            "probes": _probe_table(rows, varying),
         },
     }
 

@@ -17,6 +17,8 @@ def _fmt(value: object, kind: str = "") -> str:
         return "-"
     if kind == "pct":
         return f"{100 * float(value):.0f}%"
+    if kind == "pct1":
+        return f"{100 * float(value):.1f}%"
     if kind == "int":
         return str(int(value))
     if kind == "f1":
@@ -91,5 +93,24 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
             _fmt(rec["tokens_per_s_on"], "f1"),
             f"{rec['throughput_ratio']:.2f} ({rec['throughput_ratio_min']:.2f}-{rec['throughput_ratio_max']:.2f})",
             f"{rec['latency_ratio']:.2f} ({rec['latency_ratio_min']:.2f}-{rec['latency_ratio_max']:.2f})",
+        )
+    return table
+
+
+def probe_table(probes: pd.DataFrame, title: str) -> Table:
+    """Logit probes per setting: steps compared, how many logits moved, the largest move."""
+    varying = [c for c in KEY_COLUMNS if c in probes and probes[c].astype(str).nunique() > 1] or ["engine"]
+    table = Table(title=title, title_justify="left")
+    for col in varying + ["runs", "steps", "steps moved", "logits moved", "max |d|", "margin<0.1"]:
+        table.add_column(SHORT.get(col, col), justify="right")
+    for rec in probes.to_dict("records"):
+        table.add_row(
+            *[_fmt(rec[c]) for c in varying],
+            _fmt(rec["runs"], "int"),
+            _fmt(rec["steps"], "int"),
+            _fmt(rec["steps_differed"], "int"),
+            f"{_fmt(rec['moved_share'], 'pct1')} of {_fmt(rec['logits_compared'], 'int')}",
+            f"{float(rec['max_abs_diff']):.3g}",
+            _fmt(rec["low_margin_frac"], "pct1"),
         )
     return table
