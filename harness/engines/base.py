@@ -118,8 +118,13 @@ class Engine(ABC):
     def generate_observed(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
     ) -> BatchOutput:
-        """Like generate, calling `observe` with the target's full logits at every step."""
-        raise Unsupported(self.logit_probe_unavailable or f"{self.name} has no logit observer")
+        """Like generate, calling `observe` with the target's logits at every step.
+
+        Engines that can (logit_probe_unavailable is None) take `observe` as generate's fourth argument.
+        """
+        if self.logit_probe_unavailable is not None:
+            raise Unsupported(self.logit_probe_unavailable)
+        return self.generate(prompts, target, sampling, observe)  # type: ignore[call-arg]
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:

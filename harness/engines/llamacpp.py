@@ -229,11 +229,6 @@ class LlamaCppEngine(Engine):
         return chains
 
     # -- generation ---------------------------------------------------------------
-    def generate_observed(
-        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
-    ) -> BatchOutput:
-        return self.generate(prompts, target, sampling, observe)
-
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None
     ) -> BatchOutput:

@@ -156,11 +156,6 @@ class VllmEngine(Engine):
         return (f"top-{self.opts.probe_top_k} log-probabilities per step (vLLM hands out no logit vector; "
                 "a move of all logits by one constant is not seen)")
 
-    def generate_observed(
-        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
-    ) -> BatchOutput:
-        return self.generate(prompts, target, sampling, observe)
-
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None
     ) -> BatchOutput:
