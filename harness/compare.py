@@ -78,7 +78,7 @@ def around_split(pieces: Sequence[str] | None, text: str, k: int | None, before:
     if pieces is None or not len(pieces) or k is None:
         return text[: before + after]
     head = "".join(pieces[:k])
-    token = pieces[k] if k < len(pieces) else ""
+    token = pieces[k] if k < len(pieces) else "(end)"
     tail = "".join(pieces[k + 1 :])
     lead = ("…" + head[-before:]) if len(head) > before else head
-    return f"{lead}[{token or '(end)'}]{tail[:after]}"
+    return f"{lead}[{token}]{tail[:after]}"

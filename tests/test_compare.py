@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from harness.compare import around_split
 from harness.runner import output_hash
 from harness.store import Store
 
@@ -53,3 +54,11 @@ def test_compare_refuses_an_ignored_axis_that_varies_inside_a_folder(tmp_path):
     b = _folder(tmp_path / "b", "L40S", {"p1": [1]})
     out = _compare(a, b, "--ignore", "gpu", "--ignore", "batch_size")
     assert out.returncode == 1 and "batch_size varies inside this folder" in out.stderr
+
+
+def test_around_split_marks_the_first_differing_token():
+    pieces = ["The", " sky", " is", " blue"]
+    assert around_split(pieces, "The sky is blue", 2) == "The sky[ is] blue"
+    assert around_split(pieces, "The sky is blue", 4) == "The sky is blue[(end)]"
+    assert around_split(pieces, "The sky is blue", 3, before=4) == "…y is[ blue]"
+    assert around_split(None, "The sky is blue", 2, before=3, after=4) == "The sky"  # no per-token text

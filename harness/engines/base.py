@@ -90,7 +90,7 @@ class Engine(ABC):
 
     name: ClassVar[str]
     Options: ClassVar[type[EngineOptions]]
-    #: why this engine cannot show full logit vectors to a probe; None where it can
+    #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
     logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
 
     @classmethod
