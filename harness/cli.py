@@ -470,10 +470,10 @@ def main(argv: Optional[list[str]] = None) -> Any:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except Exception as exc:
+        # Usage errors (missing argument, bad option). Newer typer releases carry their own copy
+        # of click, so the class is recognised by name rather than by click's import path.
+        if any(cls.__name__ == "ClickException" for cls in type(exc).__mro__):
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
         raise

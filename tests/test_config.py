@@ -126,3 +126,11 @@ def test_every_shipped_config_is_valid():
     assert len(files) >= 6
     for path in files:
         assert expand(load_experiment(path)), path
+
+
+def test_usage_errors_are_one_message_not_a_traceback():
+    from .conftest import run_harness
+
+    for args, says in ((["report"], "Missing argument"), (["run", "--bogus", "x"], "No such option")):
+        done = run_harness(*args)
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
