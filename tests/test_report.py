@@ -124,6 +124,9 @@ def _synthetic(root: Path, prompts: int, repeats: int) -> Store:
                     "margins": [0.5] * len(toks), "run_id": "x",
                 })
         store.write_cell(f"b{batch}", cell_rows)
+    store.write_cell("bad", [base | {"cell_id": "bad", "batch_size": 4, "prompt_id": "p000", "repeat": r,
+                                     "status": "failed", "error": "engine worker killed by signal SIGKILL"}
+                             for r in range(2)])
     return store
 
 
@@ -135,7 +138,7 @@ def test_report_paginates_thousands_of_runs(tmp_path, browser):
     assert done.returncode == 0, done.stderr
     page, errors = _open(browser, out)
     info = page.inner_text("#pager-top .page-info")
-    assert info.startswith("page 1 of 5") and "120 block(s)" in info  # a block: one prompt, one reference
+    assert info.startswith("page 1 of 5") and "121 block(s)" in info  # a block: one prompt, one reference or status
     assert page.locator(".group").count() == 25
     first = page.locator(".group").first.get_attribute("data-group")
     page.click("#pager-top .next")
@@ -146,6 +149,9 @@ def test_report_paginates_thousands_of_runs(tmp_path, browser):
     group.locator("button.more").click()
     group = page.locator(".group").first
     assert group.locator(".run:not(.is-ref)").count() == 49 and group.locator("button.more").count() == 0
+    _select(page, "show", "problems")  # failed rows are shown with their cause
+    assert page.locator(".run").count() == 2 and page.locator("#groups .badge.failed").count() == 2
+    assert "SIGKILL" in page.inner_text("#groups")
     for row in group.locator(".run[data-fd]:not([data-fd=''])").all():
         assert row.locator(".tok.split").get_attribute("data-i") == row.get_attribute("data-fd")
     assert errors == []

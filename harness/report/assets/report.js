@@ -249,7 +249,7 @@
       const diverged = runs.filter((r) => r.m === false);
       const head = el("div", { class: "head" }, el("strong", { text: g.prompt }),
         el("span", { text: g.ref ? `reference: ${settingLabel(g.ref.s)}, repeat 0` : (g.status === "ok" ? "no reference run" : g.status) }),
-        el("span", { text: `${runs.length} run(s) shown, ${diverged.length} departed${diverged.length ? `, earliest at token ${Math.min(...diverged.map((r) => r.fd))}` : ""}` }),
+        el("span", { text: g.status !== "ok" ? `${runs.length} run(s)` : `${runs.length} run(s) shown, ${diverged.length} departed${diverged.length ? `, earliest at token ${Math.min(...diverged.map((r) => r.fd))}` : ""}` }),
         DATA.prompts[g.prompt] ? el("span", { class: "prompt", text: DATA.prompts[g.prompt] }) : null);
       const group = el("div", { class: "group", "data-group": g.key }, head);
       if (g.ref) group.append(runRow(g.ref, true));
