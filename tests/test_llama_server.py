@@ -10,13 +10,10 @@ import time
 import pytest
 
 from harness import metrics
-from harness.config import load_experiment
 from harness.engines.base import Unsupported
 from harness.engines.llama_server import find_binary
-from harness.runner import Runner
-from harness.store import Store
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import needs_llama, run_experiment
 
 
 def _have_server() -> bool:
@@ -53,10 +50,7 @@ def _servers() -> list[str]:
 @pytest.fixture(scope="module")
 def server_rows(tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
-    (root / "prompts.yaml").write_text(PROMPTS)
-    (root / "exp.yaml").write_text(EXPERIMENT)
-    store = Store(root / "out")
-    Runner(load_experiment(root / "exp.yaml"), store, group_timeout_s=900).run()
+    store = run_experiment(root, EXPERIMENT, group_timeout_s=900)
     return store, store.read_rows()
 
 
@@ -88,24 +82,19 @@ def test_server_against_in_process_engine(server_rows):
         assert all(int(t[-1]) != 2 for t in part.token_ids), engine  # 2 = SmolLM2's <|im_end|>, never output
 
 
-def test_server_that_exits_at_start_fails_its_cells_and_others_finish(write, tmp_path):
-    write("prompts.yaml", PROMPTS)
+def test_server_that_exits_at_start_fails_its_cells_and_others_finish(tmp_path):
     text = EXPERIMENT.replace("llama-server: {n_threads: 2}", "llama-server: {extra_args: [--no-such-flag]}")
-    store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", text)), store, group_timeout_s=600).run()
-    rows = store.read_rows()
+    rows = run_experiment(tmp_path, text, group_timeout_s=600).read_rows()
     bad = rows[rows.engine == "llama-server"]
     assert set(bad.status) == {"failed"} and bad.error.str.contains("exited at start").all()
     assert (rows[rows.engine == "llamacpp"].status == "ok").all()
     assert not _servers()
 
 
-def test_server_killed_mid_cell(write, tmp_path):
-    write("prompts.yaml", PROMPTS)
+def test_server_killed_mid_cell(tmp_path):
     text = EXPERIMENT.replace("engine: [llama-server, llamacpp]", "engine: [llama-server]").replace(
         "repeats: 2", "repeats: 6").replace("max_tokens: 16", "max_tokens: 64").replace(
         "batch_size: [1, 4]", "batch_size: [2]").replace("{n_threads: 2}", "{n_threads: 1, ignore_eos: true}")
-    store = Store(tmp_path / "out")
     killed: list[str] = []
 
     def killer() -> None:
@@ -120,7 +109,7 @@ def test_server_killed_mid_cell(write, tmp_path):
 
     thread = threading.Thread(target=killer)
     thread.start()
-    Runner(load_experiment(write("exp.yaml", text)), store, group_timeout_s=600).run()
+    store = run_experiment(tmp_path, text, group_timeout_s=600)
     thread.join()
     assert killed, "the server was never seen running"
     rows = store.read_rows()

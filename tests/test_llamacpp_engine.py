@@ -17,10 +17,9 @@ import pytest
 from harness import metrics
 from harness.config import load_experiment
 from harness.matrix import expand
-from harness.runner import Runner
 from harness.store import ROW_SCHEMA, Store
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import PROMPTS, needs_llama, run_experiment
 
 pytestmark = [needs_llama, pytest.mark.engine]
 
@@ -49,12 +48,7 @@ engine_options:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
     root = tmp_path_factory.mktemp("engine")
-    (root / "prompts.yaml").write_text(PROMPTS)
-    (root / "exp.yaml").write_text(EXPERIMENT)
-    loaded = load_experiment(root / "exp.yaml")
-    store = Store(root / "out")
-    Runner(loaded, store).run()
-    return root, store.read_rows()
+    return root, run_experiment(root, EXPERIMENT).read_rows()
 
 
 def test_rows_cover_every_cell_prompt_and_repeat(results):

@@ -9,11 +9,8 @@ import math
 import pytest
 
 from harness import metrics
-from harness.config import load_experiment
-from harness.runner import Runner
-from harness.store import Store
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import needs_llama, run_experiment
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("transformers") is not None
 pytestmark = [needs_llama, pytest.mark.engine,
@@ -38,10 +35,7 @@ engine_options:
 @pytest.fixture(scope="module")
 def vllm_rows(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
-    (root / "prompts.yaml").write_text(PROMPTS)
-    (root / "exp.yaml").write_text(EXPERIMENT)
-    store = Store(root / "out")
-    Runner(load_experiment(root / "exp.yaml"), store, group_timeout_s=900).run()
+    store = run_experiment(root, EXPERIMENT, group_timeout_s=900)
     return store, store.read_rows()
 
 
@@ -85,15 +79,12 @@ def test_batch_invariant_on_cpu_is_recorded_as_it_happens(vllm_rows):
         assert bi.error.str.len().min() > 20
 
 
-def test_bad_option_fails_its_cells_and_the_rest_finishes(write, tmp_path):
-    write("prompts.yaml", PROMPTS)
+def test_bad_option_fails_its_cells_and_the_rest_finishes(tmp_path):
     text = EXPERIMENT.replace("engine: [vllm]", "engine: [vllm, llamacpp]").replace(
         "batch_invariant: [false, true]", "batch_invariant: [false]").replace(
         "batch_size: [1, 4]", "batch_size: [1]").replace(
         "max_model_len: 512}", "max_model_len: 512, attention_backend: NO_SUCH_BACKEND}")
-    store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", text)), store, group_timeout_s=600).run()
-    rows = store.read_rows()
+    rows = run_experiment(tmp_path, text, group_timeout_s=600).read_rows()
     bad = rows[rows.engine == "vllm"]
     assert set(bad.status) <= {"failed", "unsupported"} and len(bad) == 4
     assert bad.error.str.contains("NO_SUCH_BACKEND").all(), bad.error.iloc[0]

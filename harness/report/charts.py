@@ -21,9 +21,11 @@ SERIES_AXES = ("engine", "model", "dtype", "gpu", "batch_invariant", "temperatur
 class Charts:
     identical: pd.DataFrame  # series, batch_size, compared, identical, share
     divergence: pd.DataFrame  # series, batch_size, first_divergence (one record per diverged run)
+    #: one record per departed run, indexed like the annotated rows it came from
     margins: pd.DataFrame  # series, batch_size, prompt_id, first_divergence, margin_run, margin_reference
     slowdown: pd.DataFrame  # metrics.slowdown
     reference: str
+    varying: list[str]  # the axes that vary in these results (they name the series)
 
 
 def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
@@ -73,24 +75,23 @@ def compute(rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, An
     split = judged[judged["first_divergence"].notna()].copy()
     divergence = split[["series", "batch_size", "first_divergence"]].astype({"first_divergence": int})
 
-    margin_of = {
-        (r.cell_id, r.prompt_id, r.repeat): r.margins for r in annotated[["cell_id", "prompt_id", "repeat", "margins"]]
-        .itertuples(index=False)
-    }
-    records = []
-    for r in split.itertuples(index=False):
+    first = annotated[annotated["repeat"] == 0]  # reference runs are first repeats
+    margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], first["margins"])}
+    records = {}
+    for index, r in zip(split.index, split.itertuples(index=False)):
         k = int(r.first_divergence)
-        records.append({
+        records[index] = {
             "series": r.series, "batch_size": r.batch_size, "prompt_id": r.prompt_id, "first_divergence": k,
             "margin_run": step_value(r.margins, k),
-            "margin_reference": step_value(margin_of.get((r.reference_cell, r.prompt_id, 0)), k),
-        })
-    margins = pd.DataFrame(records, columns=["series", "batch_size", "prompt_id", "first_divergence",
-                                             "margin_run", "margin_reference"])
+            "margin_reference": step_value(margin_of.get((r.reference_cell, r.prompt_id)), k),
+        }
+    margins = pd.DataFrame.from_dict(records, orient="index", columns=[
+        "series", "batch_size", "prompt_id", "first_divergence", "margin_run", "margin_reference"])
     return Charts(
         identical=identical,
         divergence=divergence.reset_index(drop=True),
         margins=margins,
         slowdown=metrics.slowdown(rows),
         reference=",".join(f"{k}={v}" for k, v in reference.items()),
+        varying=varying,
     )

@@ -92,19 +92,14 @@ def _prompt_texts(results: Path) -> dict[str, str]:
 
 def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
-    if not store.cell_files():
-        raise HarnessError(f"{store.root}: no results here (expected {store.root}/cells/*.parquet)")
     reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
     rows = store.read_rows()
     annotated = metrics.against_reference(rows, store.tokens_for, reference)
     chart = charts_mod.compute(rows, annotated, reference)
-    varying = charts_mod.varying_axes(rows)
+    margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 
-    ref_margins = {
-        (r.cell_id, r.prompt_id): r.margins for r in annotated[annotated["repeat"] == 0].itertuples(index=False)
-    }
     runs = []
-    for r in annotated.itertuples(index=False):
+    for index, r in zip(annotated.index, annotated.itertuples(index=False)):
         k = None if pd.isna(r.first_divergence) else int(r.first_divergence)
         run = {
             "cell": r.cell_id, "prompt": r.prompt_id, "repeat": int(r.repeat), "status": "ok",
@@ -113,9 +108,8 @@ def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, An
             "m": None if pd.isna(r.matched) else bool(r.matched), "fd": k,
             "tps": _plain(r.target_tokens_per_s),
         }
-        if k is not None:
-            run["margin"] = [charts_mod.step_value(r.margins, k),
-                             charts_mod.step_value(ref_margins.get((r.reference_cell, r.prompt_id)), k)]
+        if index in margins:
+            run["margin"] = [_plain(margins[index]["margin_run"]), _plain(margins[index]["margin_reference"])]
         if not pd.isna(r.probe_steps):
             run["probe"] = {c.removeprefix("probe_"): _plain(getattr(r, c)) for c in PROBE_COLUMNS}
         runs.append(run)
@@ -150,7 +144,7 @@ def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, An
             "divergence": _records(chart.divergence),
             "margins": _records(chart.margins),
             "slowdown": _records(chart.slowdown),
-            "probes": _probe_table(rows, varying),
+            "probes": _probe_table(rows, chart.varying),
         },
     }
 
