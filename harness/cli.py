@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.errors import HarnessError
@@ -34,27 +35,41 @@ REFERENCE_HELP = (
 
 
 def _console() -> Console:
-    return Console(stderr=False, highlight=False)
+    return Console(stderr=False, highlight=False, soft_wrap=True)
 
 
-def _results(folder: Path):
-    """The store of a results folder that holds results; a clear error where it holds none."""
-    from harness.store import Store
+ALL_CELLS_HELP = (
+    "Also read stale cells: cells on disk that the folder's current experiment does not have "
+    "(left by an earlier version of it). Off by default, so old results never pool with new ones."
+)
+ALLOW_MIXED_HELP = (
+    "Pair or pool rows even where this differs (repeatable): model_sha256, engine_version, "
+    "schema_version, chat_template. Without it such rows are refused, unless the compared axis implies it."
+)
 
-    store = Store(folder)
-    if not store.cell_files():
-        raise HarnessError(f"{folder}: no results here (expected {folder}/cells/*.parquet)")
-    return store
+
+def _results(folder: Path, all_cells: bool = False):
+    """The folder's rows as a reader may see them: the current experiment's cells (see harness.results)."""
+    from harness.results import open_results
+
+    results = open_results(folder, all_cells)
+    if results.stale and not all_cells:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[yellow]note[/yellow]: {len(results.stale)} stale cell(s) in {folder} left out (not in its current "
+            "experiment; see 'harness status'; --all-cells reads them)"
+        )
+    return results
 
 
-def _summaries(out: Path, reference: list[str]):
+def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False):
     """(per cell and prompt, slowdown, logit probes) from a results folder; each also written as Parquet."""
     from harness import metrics
 
-    store = _results(out)
-    rows = store.read_rows(columns=metrics.ROW_COLUMNS)
-    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(reference or []))
-    cost = metrics.slowdown(rows)
+    results = _results(out, all_cells)
+    mixed = metrics.parse_allow_mixed(allow_mixed)
+    rows = results.read_rows(columns=metrics.ROW_COLUMNS)
+    summary = metrics.summarize(rows, results.tokens_for, metrics.parse_reference(reference or []), mixed)
+    cost = metrics.slowdown(rows, mixed)
     probes = metrics.probe_summary(rows)
     summary.to_parquet(out / "summary.parquet", index=False)
     cost.to_parquet(out / "slowdown.parquet", index=False)
@@ -106,9 +121,22 @@ def plan(
     )
 
 
+def _experiment_or_folder(path: Path):
+    """An experiment file, or a results folder whose manifest holds one (array tasks use this)."""
+    from harness.config import load_experiment
+    from harness.results import ResultsFolder
+
+    if path.is_dir():
+        folder = ResultsFolder(path)
+        if not folder.has_manifest():
+            raise HarnessError(f"{path}: a folder without a results manifest; give an experiment YAML file")
+        return folder.experiment()
+    return load_experiment(path)
+
+
 @app.command()
 def run(
-    experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+    experiment: Path = typer.Argument(..., help="Experiment YAML file, or a results folder (runs the experiment it holds)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder (default: results/<name>)."),
     force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
@@ -120,42 +148,54 @@ def run(
     cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids, comma-separated (see 'harness plan')."),
     where: list[str] = typer.Option([], "--where", help="Only cells with AXIS=VALUE (repeatable), e.g. --where gpu=A100."),
 ) -> None:
-    """Run an experiment. Finished cells are kept on disk; the same command again resumes."""
-    from harness.config import load_experiment
+    """Run an experiment. Finished cells are kept on disk; the same command again resumes.
+
+    Cells that are done (ok, or refused by the engine's rules) are skipped; failed ones and ones
+    skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
+    """
     from harness.report.progress import RichReporter
+    from harness.results import ResultsFolder
     from harness.runner import Runner
-    from harness.store import Store
-
     from harness.selection import Selection, parse_shard
-    from harness.status import remember_source
 
-    loaded = load_experiment(experiment)
+    loaded = _experiment_or_folder(experiment)
     selection = Selection(
         shard=parse_shard(shard) if shard else None,
         cell_ids=frozenset(c.strip() for c in cells.split(",") if c.strip()) if cells else None,
         where=_parse_where(where),
     )
-    out = out or Path("results") / loaded.experiment.name
-    store = Store(out)
-    store.write_meta("experiment.yaml", Path(experiment).read_text(encoding="utf-8"))
-    remember_source(store, Path(experiment))
+    out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
+    folder = ResultsFolder(out)
     console = _console()
     console.print(f"[bold]{loaded.experiment.name}[/bold] -> {out}")
+    adoption = folder.adopt(loaded)
+    if adoption.replaced:
+        console.print(
+            f"[yellow]note[/yellow]: {out} held another version of experiment(s) {', '.join(adoption.replaced)}; "
+            f"{len(adoption.stale)} cell(s) on disk are now stale: kept, listed by 'harness status', left out of statistics"
+        )
     with RichReporter(console) as reporter:
-        runner = Runner(loaded, store, reporter, group_timeout_s=timeout)
+        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout)
         try:
             result = runner.run(force=force, selection=selection)
         except KeyboardInterrupt:
             reporter.progress.stop()
-            done = len(store.cell_files())
+            done = len(folder.store.cell_files())
             console.print(f"[yellow]interrupted[/yellow]: {done} finished cell(s) are in {out}; "
                           "run the same command again to resume")
             raise typer.Exit(130) from None
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items())) or "nothing new"
-    console.print(f"ran {len(result.ran)} cell(s) ({counts}); {len(result.skipped_done)} already done")
-    if summary:
+    console.print(f"ran {len(result.ran)} cell(s) ({counts} rows); {len(result.skipped_done)} already done")
+    if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
         _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
         console.print(f"rows: {out}/cells/*.parquet   summary: {out}/summary.parquet")
+    if result.failed:
+        console.print(
+            f"[red]{len(result.failed)} cell(s) failed[/red]: their causes are in 'harness status {out}'; "
+            "the same command retries them (exit code 1)"
+        )
+        raise typer.Exit(1)
+    console.print("every cell run is done (exit code 0)")
 
 
 def _parse_where(items: list[str]) -> dict[str, Any]:
@@ -173,6 +213,8 @@ def summarize(
         "cells", "--what",
         help="With json/csv: 'cells' (per cell and prompt), 'slowdown' (batch-invariant cost) or 'probes' (logit probes).",
     ),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
     """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence;
     and, where cells differ only in batch_invariant, what the mode costs."""
@@ -180,7 +222,7 @@ def summarize(
         raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
     if what not in ("cells", "slowdown", "probes"):
         raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes")
-    summary, cost, probes = _summaries(results, reference)
+    summary, cost, probes = _summaries(results, reference, allow_mixed, all_cells)
     frame = {"cells": summary, "slowdown": cost, "probes": probes}[what]
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
@@ -201,14 +243,11 @@ def submit(
     """Submit the experiment as array jobs: one job per GPU type, one array task per shard."""
     from harness import cluster
     from harness.config import load_experiment
-    from harness.status import remember_source
-    from harness.store import Store
+    from harness.results import ResultsFolder
 
     loaded = load_experiment(experiment)
     out = out or Path("results") / loaded.experiment.name
-    store = Store(out)
-    store.write_meta("experiment.yaml", Path(experiment).read_text(encoding="utf-8"))
-    remember_source(store, Path(experiment))
+    ResultsFolder(out).adopt(loaded)  # the array tasks run this snapshot, not the live file
     ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
     jobs = cluster.write_jobs(loaded, out, scheduler, ids)
     console = _console()
@@ -225,25 +264,46 @@ def submit(
 @app.command()
 def status(
     results: Path = typer.Argument(..., help="Results folder."),
-    experiment: Optional[Path] = typer.Option(None, "--experiment", help="The experiment, if not the recorded one."),
+    experiment: Optional[Path] = typer.Option(
+        None, "--experiment", help="Judge the folder against this experiment file instead of the one it holds."
+    ),
     ids: Optional[str] = typer.Option(
-        None, "--ids", help="Print only the ids of cells in these states (comma-separated: missing,failed,...)."
+        None, "--ids",
+        help="Print only the ids of cells in these states (comma-separated: missing,failed,skipped,stale,...).",
     ),
 ) -> None:
-    """Which cells are done, failed, unsupported, skipped or missing, from what is on disk."""
-    from harness.status import cell_states, experiment_for
-    from harness.store import Store
+    """Which cells are done, failed, unsupported, skipped or missing, and which files are stale.
 
-    states = cell_states(experiment_for(results, experiment), Store(results))
+    'done' and 'unsupported' cells are left alone by a rerun; 'failed', 'skipped' (its GPU type was
+    not on the node) and 'missing' ones run again. Stale cells are files of an earlier version of
+    the experiment: kept on disk, left out of every statistic unless --all-cells is given.
+    """
+    from harness.config import load_experiment
+    from harness.matrix import expand
+    from harness.results import ResultsFolder
+    from harness.status import cell_states
+
+    folder = ResultsFolder(results)
+    if experiment is not None:
+        cells = expand(load_experiment(experiment))
+    elif folder.has_manifest():
+        cells = folder.current_cells()
+    else:
+        raise HarnessError(f"{results}: no results manifest here; give the experiment with --experiment FILE")
+    states = cell_states(cells, folder.store)
+    current = {c.id for c in cells}
+    stale = [p.stem for p in folder.store.cell_files() if p.stem not in current]
     if ids is not None:
         wanted = {s.strip() for s in ids.split(",")}
-        sys.stdout.write(",".join(s.cell.id for s in states if s.state in wanted) + "\n")
+        picked = [s.cell.id for s in states if s.state in wanted] + (stale if "stale" in wanted else [])
+        sys.stdout.write(",".join(picked) + "\n")
         return
     console = _console()
     counts: dict[str, int] = {}
     for s in states:
         counts[s.state] = counts.get(s.state, 0) + 1
-    console.print(f"{results}: {len(states)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    console.print(f"{results}: {len(states)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                  + (f"; {len(stale)} stale cell file(s)" if stale else ""))
     pending = [s for s in states if s.state != "done"]
     if pending:
         table = Table(title="cells not done", title_justify="left")
@@ -254,36 +314,34 @@ def status(
             table.add_row(c.id, s.state, str(c["engine"]), str(c["gpu"]), str(c["batch_size"]), str(c["dtype"]),
                           s.error[:80])
         console.print(table)
-        console.print(f"resubmit: harness submit FILE --scheduler ... --cells $(harness status {results} --ids missing,failed)")
+        if any(not s.done for s in pending):
+            console.print(f"rerun: harness run {results}   (or resubmit: harness submit FILE --scheduler ... "
+                          f"--cells $(harness status {results} --ids missing,failed,skipped))")
+    if stale:
+        console.print(f"stale (not in the current experiment; left out unless --all-cells): {', '.join(stale[:20])}"
+                      + (f" and {len(stale) - 20} more" if len(stale) > 20 else ""))
 
 
 @app.command()
 def merge(
     sources: list[Path] = typer.Argument(..., help="Results folders to combine (e.g. one per cluster or GPU)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder that receives every cell."),
+    allow_mixed: list[str] = typer.Option(
+        [], "--allow-mixed", help="'experiment': combine folders that hold different experiments."
+    ),
 ) -> None:
-    """Combine results folders into one dataset; a cell present twice keeps its first copy."""
-    import shutil
+    """Combine results folders into one: the current cells of each, with their manifests.
 
-    from harness.store import Store
+    Folders must hold the same experiment (unless --allow-mixed experiment). A cell found in two
+    folders is taken from the one where it is done; done in both is an error naming both files,
+    never a silent pick. Stale cells are not copied. Nothing is copied when anything conflicts.
+    """
+    from harness.merge import merge_folders
 
-    target = Store(out)
-    target.cells_dir.mkdir(parents=True, exist_ok=True)
-    copied, kept = 0, []
-    for source in sources:
-        for path in Store(source).cell_files():
-            if target.cell_path(path.stem).exists():
-                if path.resolve() != target.cell_path(path.stem).resolve():
-                    kept.append(path)
-                continue
-            shutil.copy2(path, target.cells_dir / f".{path.name}.merge.tmp")
-            (target.cells_dir / f".{path.name}.merge.tmp").rename(target.cell_path(path.stem))
-            copied += 1
-    for name in ("experiment.yaml", "source.json"):
-        for source in sources:
-            if (source / name).is_file() and not (out / name).exists():
-                shutil.copy2(source / name, out / name)
-    _console().print(f"{copied} cell(s) copied into {out}; {len(kept)} already there (first copy kept)")
+    if any(a.strip() != "experiment" for item in allow_mixed for a in item.split(",")):
+        raise HarnessError(f"--allow-mixed {', '.join(allow_mixed)}: merge allows only 'experiment'")
+    copied, kept = merge_folders(sources, out, allow_other_experiment=bool(allow_mixed))
+    _console().print(f"{copied} cell(s) copied into {out}; {kept} already there")
 
 
 @app.command()
@@ -292,17 +350,25 @@ def compare(
     b: Path = typer.Argument(..., help="Second results folder (e.g. from an L40S node)."),
     ignore: list[str] = typer.Option(["gpu"], "--ignore", help="Axes allowed to differ between A and B (repeatable)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv: one record per run)."),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
-    """Per prompt and matching setting: same or different between two folders, and where they split."""
+    """Per prompt and matching setting: same or different between two folders, and where they split.
+
+    Runs are paired on every axis except the ignored ones. Pairs made with another model file,
+    engine version, row schema or chat template are refused (a library upgrade would read as a
+    GPU difference) unless --allow-mixed names it. Everything else that differs between the
+    folders (host, GPU, driver, CUDA, library versions) is printed above the table.
+    """
     import pandas as pd
 
     from harness.compare import around_split, compare as run_compare
-    from harness.metrics import KEY_COLUMNS
+    from harness.metrics import KEY_COLUMNS, parse_allow_mixed
 
     for axis in ignore:
         if axis not in KEY_COLUMNS:
             raise HarnessError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}")
-    result = run_compare(_results(a), _results(b), tuple(ignore))
+    result = run_compare(_results(a, all_cells), _results(b, all_cells), tuple(ignore), parse_allow_mixed(allow_mixed))
     if fmt == "json":
         sys.stdout.write(result.runs.to_json(orient="records", indent=1) + "\n")
         return
@@ -310,6 +376,8 @@ def compare(
         sys.stdout.write(result.runs.to_csv(index=False))
         return
     console = _console()
+    for what, in_a, in_b in result.context:
+        console.print(f"[yellow]differs[/yellow] {what}: A {escape(in_a)} | B {escape(in_b)}")
     keys = [k for k in KEY_COLUMNS if k not in ignore]
     shown = [k for k in keys if result.per_setting[k].astype(str).nunique() > 1] or ["engine"]
     table = Table(title=f"prompts changed: {b} vs {a} (first repeat)", title_justify="left")
@@ -336,6 +404,8 @@ def report(
     results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write. Default: RESULTS/report.html."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
     """One self-contained HTML file: overview, charts, and every run aligned with its reference.
 
@@ -343,12 +413,12 @@ def report(
     dimmed; filter by engine, batch size, dtype, GPU, batch-invariant mode and prompt. Data and
     script are inside the file: it opens offline, can be mailed or attached to a CI job.
     """
-    from harness.metrics import parse_reference
+    from harness.metrics import parse_allow_mixed, parse_reference
     from harness.report import html
 
-    store, ref = _results(results), parse_reference(reference)
+    store, ref = _results(results, all_cells), parse_reference(reference)
     target = out or results / "report.html"
-    payload = html.write(store, target, ref)
+    payload = html.write(store, target, ref, parse_allow_mixed(allow_mixed))
     meta = payload["meta"]
     departed = len(payload["charts"]["divergence"])
     _console().print(
@@ -363,6 +433,8 @@ def plot(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the figures. Default: RESULTS/plots."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     fmt: list[str] = typer.Option(["png", "svg"], "--format", "-f", help="png and/or svg (repeatable)."),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
     """The report's charts as PNG/SVG files for papers, each with a CSV of the numbers drawn.
 
@@ -376,9 +448,10 @@ def plot(
     for f in fmt:
         if f not in plotting.FORMATS:
             raise HarnessError(f"--format '{f}': allowed: {', '.join(plotting.FORMATS)}")
-    store, ref = _results(results), metrics.parse_reference(reference)
+    store, ref = _results(results, all_cells), metrics.parse_reference(reference)
+    mixed = metrics.parse_allow_mixed(allow_mixed)
     rows = store.read_rows()
-    data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref), ref)
+    data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed)
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     console = _console()
     for path in written:
@@ -393,19 +466,24 @@ def check(
     expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list (default: the experiment's)."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
-    """Gate CI on determinism and cost: exit 0 when every expectation holds, 1 when one fails, 2 on bad rules."""
+    """Gate CI on determinism and cost: exit 0 when every expectation holds, 1 when one fails, 2 on bad rules.
+
+    A rule fails when it matches no cell, when it judges nothing (no compared runs, no paired
+    timings), or when a run it selects failed (unless the rule says allow_failed: true).
+    """
     from harness import gate
     from harness.config import load_expectations
-    from harness.status import experiment_for
+    from harness.results import ResultsFolder
 
-    if expect is not None:
-        rules = load_expectations(expect)
-    else:
-        rules = experiment_for(results).experiment.expect
+    rules = load_expectations(expect) if expect is not None else None
+    summary, cost, _ = _summaries(results, reference, allow_mixed, all_cells)
+    if rules is None:
+        rules = [r for e in ResultsFolder(results).experiments() for r in e.experiment.expect]
         if not rules:
             raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
-    summary, cost, _ = _summaries(results, reference)
     verdicts = gate.evaluate(rules, summary, cost)
     table = Table(title=f"{results}: expectations", title_justify="left")
     for col in ("rule", "verdict", "detail"):

@@ -33,9 +33,11 @@ class ArrayJob:
     job_id: str = ""
 
 
-def _command(loaded: LoadedExperiment, out: Path, gpu: str, shards: int, index_expr: str,
+def _command(out: Path, gpu: str, shards: int, index_expr: str,
              cell_ids: list[str] | None, python: str) -> str:
-    args = [python, "-m", "harness", "run", str(loaded.path), "--out", str(out.resolve()),
+    # The task runs the experiment snapshot kept in the folder, so an edit of the YAML file
+    # between submission and a task's start cannot change what the task runs.
+    args = [python, "-m", "harness", "run", str(out.resolve()), "--out", str(out.resolve()),
             "--where", f"gpu={gpu}", "--no-summary"]
     if cell_ids:
         args += ["--cells", ",".join(cell_ids)]
@@ -123,7 +125,7 @@ def write_jobs(loaded: LoadedExperiment, out: Path, scheduler: str, cell_ids: li
         shards = min(len(cells), cluster.shards or groups)
         index = "${SLURM_ARRAY_TASK_ID}" if scheduler == "slurm" else (
             "$((PBS_ARRAY_INDEX - 1))" if shards > 1 else "0")
-        command = _command(loaded, out, gpu, shards, index, cell_ids, python)
+        command = _command(out, gpu, shards, index, cell_ids, python)
         render = render_slurm if scheduler == "slurm" else render_pbs
         text = render(loaded.experiment.name, gpu, shards, cluster, command, logs)
         path = jobs_dir / f"{loaded.experiment.name}-{gpu}.{scheduler}"

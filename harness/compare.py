@@ -12,10 +12,14 @@ from typing import Sequence
 import pandas as pd
 
 from harness.errors import HarnessError
-from harness.metrics import KEY_COLUMNS, first_divergence
-from harness.store import Store
+from harness.metrics import IMPLIED_BY_AXIS, KEY_COLUMNS, PROVENANCE_COLUMNS, first_divergence, refuse_mixed
+from harness.results import Results
 
-COLUMNS = list(KEY_COLUMNS) + ["prompt_id", "repeat", "status", "output_hash", "text", "token_texts"]
+#: where and with what each folder was made; every one that differs is shown beside the comparison
+CONTEXT = ("host", "cpu", "gpu_name", "gpu_driver", "cuda_version", "engine_version", "model_sha256",
+           "library_versions", "python_version", "harness_version", "git_commit", "schema_version")
+COLUMNS = list(dict.fromkeys(list(KEY_COLUMNS) + ["cell_id", "prompt_id", "repeat", "status", "output_hash", "text",
+                                                 "token_texts"] + PROVENANCE_COLUMNS + list(CONTEXT)))
 
 
 @dataclass
@@ -24,9 +28,29 @@ class Comparison:
     per_setting: pd.DataFrame  # prompts changed per setting (repeat 0), as in the source report
     only_a: pd.DataFrame  # settings found only in A
     only_b: pd.DataFrame
+    #: (what, values in A, values in B) for each provenance field that differs between the folders
+    context: list[tuple[str, str, str]]
 
 
-def compare(a: Store, b: Store, ignore: tuple[str, ...] = ("gpu",)) -> Comparison:
+def _values(rows: pd.DataFrame, column: str) -> str:
+    return "; ".join(sorted({str(v) for v in rows[column].dropna()} - {""})) or "(none)"
+
+
+def context_differences(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """Provenance fields whose values differ between two folders' successful rows."""
+    out = []
+    for column in CONTEXT:
+        a, b = _values(rows_a, column), _values(rows_b, column)
+        if a != b:
+            out.append((column, a, b))
+    return out
+
+
+def compare(
+    a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",), allow_mixed: frozenset[str] = frozenset()
+) -> Comparison:
+    """Runs of A and B with equal settings (but the ignored axes), paired; provenance that differs
+    between a pair is refused unless an ignored axis implies it or `allow_mixed` names it."""
     keys = [k for k in KEY_COLUMNS if k not in ignore]
     rows_a = a.read_rows(columns=COLUMNS)
     rows_b = b.read_rows(columns=COLUMNS)
@@ -45,6 +69,11 @@ def compare(a: Store, b: Store, ignore: tuple[str, ...] = ("gpu",)) -> Compariso
     only_a = settings_a.merge(settings_b, on=keys, how="left", indicator=True)
     only_b = settings_b.merge(settings_a, on=keys, how="left", indicator=True)
     runs = joined[joined["_merge"] == "both"].drop(columns="_merge").copy()
+    implied = set().union(*(IMPLIED_BY_AXIS.get(axis, frozenset()) for axis in ignore))
+    side = {s: runs[[c + s for c in ["cell_id"] + PROVENANCE_COLUMNS]].rename(columns=lambda c, s=s: c.removesuffix(s))
+            for s in ("_a", "_b")}
+    refuse_mixed(side["_a"].reset_index(drop=True), side["_b"].reset_index(drop=True), implied | set(allow_mixed),
+                 "pairing runs of A and B", "A", "B")
     runs["same"] = runs["output_hash_a"] == runs["output_hash_b"]
     differ = runs.loc[~runs["same"], ["output_hash_a", "output_hash_b"]].drop_duplicates()
     tokens_a = a.tokens_for(set(differ["output_hash_a"]))
@@ -70,6 +99,7 @@ def compare(a: Store, b: Store, ignore: tuple[str, ...] = ("gpu",)) -> Compariso
         per_setting=per_setting,
         only_a=only_a[only_a["_merge"] == "left_only"][keys],
         only_b=only_b[only_b["_merge"] == "left_only"][keys],
+        context=context_differences(rows_a, rows_b),
     )
 
 

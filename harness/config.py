@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -153,6 +154,7 @@ class Expectation(Strict):
     divergence_rate_max: float | None = Field(None, ge=0, le=1)
     slowdown_max: float | None = Field(None, gt=0, description="batch-invariant throughput ratio, off / on")
     status: str | None = Field(None, pattern="^(ok|failed|unsupported|skipped)$", description="every row has this status")
+    allow_failed: bool = Field(False, description="judge the runs that did not fail instead of failing the rule")
 
 
 class Experiment(Strict):
@@ -196,10 +198,15 @@ class LoadedExperiment(BaseModel):
     #: the include/exclude entries, validated and canonical
     include: list[dict[str, Any]]
     exclude: list[dict[str, Any]]
+    #: the experiment as data with its prompt set written inline: it reloads to the same cells
+    #: without the live files (a results folder keeps it in its manifest)
+    snapshot: dict[str, Any]
+    #: the folder relative model paths are resolved against (the experiment file's folder)
+    base: Path
 
     @property
     def base_dir(self) -> Path:
-        return self.path.parent
+        return self.base
 
 
 def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tuple = ()) -> str:
@@ -236,7 +243,23 @@ def _check_entries(
 def load_experiment(path: Path | str) -> LoadedExperiment:
     """Load and fully validate an experiment file; raises ConfigError naming file:line and field."""
     path = Path(path)
-    source = yamlsrc.load(path)
+    return _load(yamlsrc.load(path), path.parent)
+
+
+def load_snapshot(snapshot: dict[str, Any], base: Path, where: Path) -> LoadedExperiment:
+    """An experiment from its snapshot (see LoadedExperiment.snapshot); `where` names it in errors."""
+    return _load(yamlsrc.Source(where, snapshot, {}), base)
+
+
+def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
+    inline = dict(data)
+    inline["prompts"] = [{"id": p.id, "text": p.text} for p in prompt_set.prompts]
+    inline["fillers"] = [f.text for f in prompt_set.fillers]
+    return json.loads(json.dumps(inline, default=str))  # plain JSON types only
+
+
+def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
+    path = source.path
     if not isinstance(source.data, dict):
         raise ConfigError(f"{path}: expected a mapping with keys such as name, prompts, matrix")
     try:
@@ -257,7 +280,6 @@ def load_experiment(path: Path | str) -> LoadedExperiment:
                 _validation_message(source, exc, prefix=("engine_options", engine))
             ) from None
 
-    base = path.parent
     if isinstance(experiment.prompts, str):
         prompt_set = load_prompt_set(experiment.prompts, base, where=source.where(("prompts",)))
         if experiment.fillers is not None:
@@ -294,6 +316,8 @@ def load_experiment(path: Path | str) -> LoadedExperiment:
         engine_options=engine_options,
         include=include,
         exclude=exclude,
+        snapshot=_snapshot(source.data, prompt_set),
+        base=base.resolve(),
     )
 
 

@@ -33,41 +33,61 @@ def _label(index: int, rule: Expectation) -> str:
     return rule.name or f"#{index + 1} {' '.join(conds)} where {where}"
 
 
+def _listed(problems: list[str]) -> str:
+    return "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+
+
+def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[list[str], int]:
+    """(problems, how many things the rule judged) for the records a rule selects."""
+    problems: list[str] = []
+    judged = 0
+    ran = cells[cells["runs"] > 0]
+    compared = cells[cells["compared"].fillna(0) > 0]
+    if rule.status is not None:
+        judged += len(cells)
+        bad = cells[cells["status"] != rule.status]
+        problems += [f"{r.prompt_id}@{r.cell_id}: status {r.status}" for r in bad.itertuples()]
+    if rule.unique_outputs is not None:
+        judged += len(ran)
+        bad = ran[ran["unique_outputs"] > rule.unique_outputs]
+        problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.unique_outputs)} unique outputs" for r in bad.itertuples()]
+    if rule.match_rate_min is not None:
+        judged += len(compared)
+        bad = compared[~(compared["match_rate"] >= rule.match_rate_min)]
+        problems += [f"{r.prompt_id}@{r.cell_id}: match rate {r.match_rate:.3f}" for r in bad.itertuples()]
+    if rule.divergence_rate_max is not None:
+        judged += len(compared)
+        rate = compared["diverged"] / compared["compared"]
+        bad = compared[~(rate <= rule.divergence_rate_max)]
+        problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.diverged)}/{int(r.compared)} diverged" for r in bad.itertuples()]
+    if rule.slowdown_max is not None:
+        where = {k: v for k, v in rule.where.items() if k != "batch_invariant"}
+        pairs = _where(cost, where)
+        judged += len(pairs)
+        for r in pairs[pairs["throughput_ratio"] > rule.slowdown_max].itertuples():
+            problems.append(f"batch {r.batch_size}: slowdown {r.throughput_ratio:.2f}x")
+    return problems, judged
+
+
 def evaluate(rules: list[Expectation], summary: pd.DataFrame, cost: pd.DataFrame) -> list[Verdict]:
-    """One verdict per rule; a rule that matches no cells fails (nothing was shown)."""
+    """One verdict per rule. A rule fails when it matches nothing, judges nothing (no compared
+    runs, no paired timings), or when a selected run failed (unless it says allow_failed)."""
     verdicts = []
     for index, rule in enumerate(rules):
         label = _label(index, rule)
         cells = _where(summary, rule.where)
-        problems: list[str] = []
         if cells.empty:
-            verdicts.append(Verdict(label, False, "no results match 'where'"))
+            verdicts.append(Verdict(label, False, "matches no cell: no results match 'where'"))
             continue
-        if rule.status is not None:
-            bad = cells[cells["status"] != rule.status]
-            problems += [f"{r.prompt_id}@{r.cell_id}: status {r.status}" for r in bad.itertuples()]
-        ok = cells[cells["runs"] > 0]
-        if rule.unique_outputs is not None:
-            bad = ok[ok["unique_outputs"] > rule.unique_outputs]
-            problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.unique_outputs)} unique outputs" for r in bad.itertuples()]
-        if rule.match_rate_min is not None:
-            bad = ok[~(ok["match_rate"] >= rule.match_rate_min)]
-            problems += [f"{r.prompt_id}@{r.cell_id}: match rate {r.match_rate}" for r in bad.itertuples()]
-        if rule.divergence_rate_max is not None:
-            rate = ok["diverged"] / ok["compared"]
-            bad = ok[~(rate <= rule.divergence_rate_max)]
-            problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.diverged)}/{int(r.compared)} diverged" for r in bad.itertuples()]
-        if rule.slowdown_max is not None:
-            where = {k: v for k, v in rule.where.items() if k != "batch_invariant"}
-            pairs = _where(cost, where)
-            if pairs.empty:
-                problems.append("no paired batch-invariant on/off runs to measure a slowdown")
-            for r in pairs[pairs["throughput_ratio"] > rule.slowdown_max].itertuples():
-                problems.append(f"batch {r.batch_size}: slowdown {r.throughput_ratio:.2f}x")
-        if (rule.unique_outputs is not None or rule.match_rate_min is not None) and ok.empty:
-            problems.append("no successful runs to judge")
-        detail = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-        verdicts.append(Verdict(label, not problems, detail or f"{len(cells)} cell/prompt records checked"))
+        problems, judged = _judge(rule, cells, cost)
+        failed = int(cells["n_failed"].sum())
+        if failed and not rule.allow_failed and rule.status != "failed":
+            first = cells[cells["n_failed"] > 0].iloc[0]
+            problems.insert(0, f"{failed} selected run(s) failed (e.g. {first.prompt_id}@{first.cell_id}: "
+                               f"{str(first.error)[:120]}); rerun them, or set allow_failed: true")
+        if judged == 0:
+            problems.insert(0, "judged nothing: no compared runs (or paired timings) in its selection")
+        verdicts.append(Verdict(label, not problems, _listed(problems) or f"{judged} record(s) judged"))
     return verdicts
 
 

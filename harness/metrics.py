@@ -7,6 +7,7 @@ Token sequences are compared by hash first; the per-token walk runs once per dis
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -23,10 +24,87 @@ PROBE_STAT_COLUMNS = [
     "probe_steps", "probe_steps_differed", "probe_logits_compared", "probe_logits_differed",
     "probe_max_abs_diff", "probe_low_margin_frac",
 ]
+#: What must agree between a run and the run it is compared or pooled with: another model file,
+#: engine version, row schema or chat template makes a difference that is not the axis's.
+MIXABLE: tuple[str, ...] = ("model_sha256", "engine_version", "schema_version", "chat_template")
+#: what a compared axis changes by its nature (a dtype export is another model file, ...)
+IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
+    "model": frozenset({"model_sha256", "chat_template"}),
+    "dtype": frozenset({"model_sha256"}),
+    "engine": frozenset({"engine_version", "model_sha256", "chat_template"}),
+}
+PROVENANCE_COLUMNS = ["model_sha256", "engine_version", "schema_version", "engine_info"]
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
     "batch_tokens_per_s",
-] + PROBE_STAT_COLUMNS
+] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
+
+
+def chat_template_of(engine_info: pd.Series) -> pd.Series:
+    """The chat template a row was made with (its hash where the engine gives one), from engine_info."""
+    import json
+
+    def one(text: Any) -> str:
+        try:
+            info = json.loads(text) if isinstance(text, str) and text else {}
+        except ValueError:
+            return ""
+        return str(info.get("chat_template_sha256") or info.get("chat_template") or "")
+
+    codes, uniques = pd.factorize(engine_info.fillna(""))
+    return pd.Series(np.asarray([one(u) for u in uniques] + [""], dtype=object)[codes], index=engine_info.index)
+
+
+def _provenance(frame: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(index=frame.index)
+    for col in MIXABLE:
+        if col == "chat_template":
+            out[col] = chat_template_of(frame["engine_info"]) if "engine_info" in frame else ""
+        elif col == "schema_version" and col in frame:
+            out[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64").astype(str)
+        else:
+            out[col] = frame[col].astype(object).where(frame[col].notna(), "").astype(str) if col in frame else ""
+    return out
+
+
+def _cell_at(frame: pd.DataFrame, i: int) -> str:
+    return str(frame["cell_id"].iloc[i]) if "cell_id" in frame else "?"
+
+
+def refuse_mixed(
+    left: pd.DataFrame, right: pd.DataFrame, allowed: Iterable[str], what: str,
+    left_name: str = "run", right_name: str = "reference",
+) -> None:
+    """Raise when rows paired position by position differ in provenance that is not allowed to.
+
+    `left` and `right` hold `cell_id` and the provenance columns (or engine_info), aligned.
+    """
+    allowed = set(allowed)
+    a, b = _provenance(left), _provenance(right)
+    for col in MIXABLE:
+        if col in allowed:
+            continue
+        differ = (a[col].to_numpy() != b[col].to_numpy())
+        if differ.any():
+            i = int(np.flatnonzero(differ)[0])
+            raise HarnessError(
+                f"{what}: {col} differs between paired rows ({int(differ.sum())} pair(s)), e.g. "
+                f"{left_name} cell {_cell_at(left, i)}: {a[col].iloc[i] or '(none)'} vs "
+                f"{right_name} cell {_cell_at(right, i)}: {b[col].iloc[i] or '(none)'}; "
+                f"a difference in {col} is not the compared axis's. Compare them only on purpose: --allow-mixed {col}"
+            )
+
+
+def parse_allow_mixed(items: Iterable[str], extra: tuple[str, ...] = ()) -> frozenset[str]:
+    allowed = MIXABLE + extra
+    out = set()
+    for item in items:
+        for name in item.split(","):
+            name = name.strip()
+            if name not in allowed:
+                raise HarnessError(f"--allow-mixed '{name}': allowed: {', '.join(allowed)}")
+            out.add(name)
+    return frozenset(out)
 
 
 def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -43,27 +121,27 @@ def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | N
     return None if len(a) == len(b) else n
 
 
+@lru_cache(maxsize=65536)
 def upper95(diverged: int, runs: int) -> float | None:
-    """One-sided 95 % upper bound on the divergence rate.
+    """Exact one-sided 95 % upper bound on the divergence rate (Clopper-Pearson).
 
-    With no divergence in n runs this is the rule of three, 3/n; otherwise the exact
-    (Clopper-Pearson) bound, found by bisection on the binomial tail.
+    The largest rate p under which seeing at most `diverged` of `runs` still has probability
+    0.05. For 0 of n that is 1 - 0.05**(1/n) (0.259 for n = 10; the "rule of three", 3/n, is
+    its large-n approximation); for n of n it is 1. Monotone in `diverged`.
     """
     if runs <= 0:
         return None
-    if diverged == 0:
-        return min(1.0, 3.0 / runs)
+    if diverged <= 0:
+        return 1.0 - 0.05 ** (1.0 / runs)
     if diverged >= runs:
         return 1.0
+    k = np.arange(diverged + 1)
+    log_choose = math.lgamma(runs + 1) - np.array([math.lgamma(i + 1) + math.lgamma(runs - i + 1) for i in k])
 
-    def tail(p: float) -> float:  # P(X <= diverged | runs, p)
-        logs = [
-            math.lgamma(runs + 1) - math.lgamma(k + 1) - math.lgamma(runs - k + 1)
-            + k * math.log(p) + (runs - k) * math.log1p(-p)
-            for k in range(diverged + 1)
-        ]
-        top = max(logs)
-        return math.exp(top) * sum(math.exp(x - top) for x in logs)
+    def tail(p: float) -> float:  # P(X <= diverged | runs, p), decreasing in p
+        logs = log_choose + k * math.log(p) + (runs - k) * math.log1p(-p)
+        top = logs.max()
+        return float(math.exp(top) * np.exp(logs - top).sum())
 
     lo, hi = diverged / runs, 1.0
     for _ in range(60):
@@ -92,21 +170,39 @@ def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[s
     return out or dict(DEFAULT_REFERENCE)
 
 
+def _refuse_twins(first: pd.DataFrame, keys: list[str]) -> None:
+    """Two cells claiming one setting and prompt: name both, never pick one silently."""
+    twins = first[first.duplicated(keys, keep=False)]
+    if not twins.empty:
+        head = twins.sort_values(keys, kind="stable").head(2)  # one setting and prompt, two cells
+        a, b = head["cell_id"].iloc[0], head["cell_id"].iloc[1]
+        raise HarnessError(
+            f"cells {a} and {b} both claim prompt '{head['prompt_id'].iloc[0]}' with the same settings "
+            f"({', '.join(f'{k}={head[k].iloc[0]}' for k in ('engine', 'model', 'dtype', 'batch_size'))}); "
+            "they come from different experiments (e.g. a stale cell read with --all-cells, or a mixed merge): "
+            "remove one, or read the current experiment only"
+        )
+
+
 def against_reference(
     rows: pd.DataFrame,
     tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
     reference: dict[str, Any] | None = None,
+    allow_mixed: Iterable[str] = (),
 ) -> pd.DataFrame:
     """The ok rows, each with its reference run: `ref_hash`, `reference_cell`, `matched`, `first_divergence`.
 
     The reference of a run is the first repeat of the same prompt with the same settings, except
     the axes in `reference` (default: batch size 1). The reference run itself gets no verdict.
+    A run and its reference must agree in provenance (MIXABLE), except what the compared axes
+    imply or `allow_mixed` names; otherwise HarnessError.
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
     keys = list(KEY_COLUMNS)
     ok = rows[rows["status"] == "ok"].copy()
-    ref_rows = ok[ok["repeat"] == 0].drop_duplicates(keys + ["prompt_id"])
-    ref_table = ref_rows[keys + ["prompt_id", "output_hash", "cell_id"]].rename(
+    first = ok[ok["repeat"] == 0]
+    _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
+    ref_table = first[keys + ["prompt_id", "output_hash", "cell_id"]].rename(
         columns={"output_hash": "ref_hash", "cell_id": "reference_cell"}
     )
     lookup = ok[keys + ["prompt_id"]].copy()
@@ -116,6 +212,12 @@ def against_reference(
     merged = lookup.merge(ref_table, on=keys + ["prompt_id"], how="left")
     ok["ref_hash"] = merged["ref_hash"].to_numpy()
     ok["reference_cell"] = merged["reference_cell"].to_numpy()
+    if any(c in ok for c in PROVENANCE_COLUMNS):
+        paired = ok[ok["reference_cell"].notna()]
+        by_cell = first.drop_duplicates("cell_id").set_index("cell_id")
+        refs = by_cell.loc[paired["reference_cell"]].reset_index()
+        implied = set().union(*(IMPLIED_BY_AXIS.get(a, frozenset()) for a in reference))
+        refuse_mixed(paired.reset_index(drop=True), refs, implied | set(allow_mixed), "comparing runs with their reference")
     # The reference run itself is not evidence of agreement: leave it out of the comparison.
     ok["is_reference"] = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == 0)
     ok.loc[ok["is_reference"], "ref_hash"] = None
@@ -140,6 +242,7 @@ def summarize(
     rows: pd.DataFrame,
     tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
     reference: dict[str, Any] | None = None,
+    allow_mixed: Iterable[str] = (),
 ) -> pd.DataFrame:
     """One record per (cell, prompt) with agreement statistics against the reference.
 
@@ -159,7 +262,7 @@ def summarize(
         if name not in status.columns:
             status[name] = 0
     errors = rows[rows["status"] != "ok"].groupby(group_cols, dropna=False)["error"].first().rename("error")
-    ok = against_reference(rows, tokens_for, reference)
+    ok = against_reference(rows, tokens_for, reference, allow_mixed)
 
     g = ok.groupby(group_cols, dropna=False, sort=False)
     stats = pd.DataFrame(
@@ -201,7 +304,7 @@ def summarize(
 SLOWDOWN_COLUMNS = [c for c in KEY_COLUMNS if c != "batch_invariant"]
 
 
-def slowdown(rows: pd.DataFrame) -> pd.DataFrame:
+def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFrame:
     """What batch-invariant mode costs: cells that differ only in `batch_invariant`, paired.
 
     Runs are paired by prompt and repeat (the same batch composition), so each pair gives one
@@ -213,9 +316,14 @@ def slowdown(rows: pd.DataFrame) -> pd.DataFrame:
     ok = rows[(rows["status"] == "ok") & rows["target_tokens_per_s"].notna()]
     keys = SLOWDOWN_COLUMNS + ["prompt_id", "repeat"]
     cols = keys + ["batch_tokens_per_s", "target_tokens_per_s", "n_tokens"]
+    cols += [c for c in ["cell_id"] + PROVENANCE_COLUMNS if c in ok]
     off = ok[~ok["batch_invariant"].astype(bool)][cols]
     on = ok[ok["batch_invariant"].astype(bool)][cols]
     pairs = off.merge(on, on=keys, suffixes=("_off", "_on"))
+    if not pairs.empty and any(c in ok for c in PROVENANCE_COLUMNS):
+        side = {s: pairs[[c + s for c in ["cell_id"] + PROVENANCE_COLUMNS if c in ok]].rename(
+            columns=lambda c, s=s: c.removesuffix(s)) for s in ("_off", "_on")}
+        refuse_mixed(side["_off"], side["_on"], allow_mixed, "pairing batch-invariant off/on runs", "off", "on")
     if pairs.empty:
         return pd.DataFrame(columns=SLOWDOWN_COLUMNS + ["pairs", "throughput_ratio", "latency_ratio"])
     pairs["throughput"] = pairs["batch_tokens_per_s_off"] / pairs["batch_tokens_per_s_on"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+from harness import gpu_names
 
 ENV_PREFIXES = ("VLLM_", "CUDA_", "CUBLAS_", "NCCL_", "OMP_", "GGML_", "LLAMA_", "MKL_", "OPENBLAS_")
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
@@ -48,7 +49,7 @@ def gpu_matches(wanted: str, gpus: list[dict[str, str]]) -> str | None:
     if wanted in ("any", "cpu"):
         return None
     names = [g.get("name", "") for g in gpus]
-    if any(wanted.lower() in name.lower() for name in names):
+    if any(gpu_names.matches(wanted, name) for name in names):
         return None
     seen = ", ".join(names) if names else "no GPU"
     return f"cell asks for GPU '{wanted}', this machine has {seen}"

@@ -1,43 +1,28 @@
-"""What is on disk for each cell of an experiment: done, failed, unsupported, skipped or missing."""
+"""What is on disk for each cell of a results folder's experiment: done, failed, unsupported, skipped or missing."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from harness.config import LoadedExperiment, load_experiment
-from harness.errors import HarnessError
-from harness.matrix import Cell, expand
-from harness.store import Store
-
-SOURCE_META = "source.json"
-
-
-def remember_source(store: Store, experiment: Path) -> None:
-    """Record which experiment file fills this folder, so status/check can find it later."""
-    store.write_meta(SOURCE_META, json.dumps({"experiment": str(Path(experiment).resolve())}))
-
-
-def experiment_for(results: Path, override: Path | None = None) -> LoadedExperiment:
-    if override is not None:
-        return load_experiment(override)
-    meta = Store(results).read_meta(SOURCE_META)
-    if meta is None:
-        raise HarnessError(f"{results}: no {SOURCE_META}; give the experiment with --experiment FILE")
-    return load_experiment(meta["experiment"])
+from harness.matrix import Cell
+from harness.store import DONE_STATUSES, Store
 
 
 @dataclass(frozen=True)
 class CellState:
     cell: Cell
-    state: str  # done, failed, unsupported, skipped, mixed, missing
+    state: str  # done, unsupported, failed, skipped, mixed, missing
     error: str
 
+    @property
+    def done(self) -> bool:
+        """A rerun leaves it alone (ok or refused by the engine's rules)."""
+        return self.state in ("done", "unsupported", "mixed")
 
-def cell_states(loaded: LoadedExperiment, store: Store) -> list[CellState]:
+
+def cell_states(cells: list[Cell], store: Store) -> list[CellState]:
     out = []
-    for cell in expand(loaded):
+    for cell in cells:
         statuses = store.statuses(cell.id)
         if not statuses:
             out.append(CellState(cell, "missing", ""))
@@ -47,8 +32,10 @@ def cell_states(loaded: LoadedExperiment, store: Store) -> list[CellState]:
             state = "done"
         elif len(kinds) == 1:
             state = statuses[0]
+        elif "failed" in kinds:
+            state = "failed"
         else:
-            state = "failed" if "failed" in kinds else "mixed"
+            state = "mixed" if kinds <= DONE_STATUSES else "skipped"
         error = ""
         if state != "done":
             rows = store.read_cell(cell.id, ["status", "error"])

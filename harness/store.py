@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+import harness
+from harness.errors import HarnessError
 
 #: 2 added token_texts and the probe_* columns; version-1 files read back with those empty
 SCHEMA_VERSION = 2
@@ -96,6 +101,8 @@ ROW_SCHEMA = pa.schema(
 )
 
 STATUSES = ("ok", "failed", "unsupported", "skipped")
+#: statuses a rerun does not redo: the run happened, or the engine's declared rules refuse it
+DONE_STATUSES = frozenset({"ok", "unsupported"})
 
 
 def _present(path: Path, columns: list[str] | None) -> list[str] | None:
@@ -106,8 +113,47 @@ def _present(path: Path, columns: list[str] | None) -> list[str] | None:
     return [c for c in columns if c in names]
 
 
+def _refuse_newer(path: Path, table: pa.Table) -> None:
+    """A file from a newer harness has columns and meanings this one does not know: refuse it."""
+    if "schema_version" not in table.column_names or table.num_rows == 0:
+        return
+    newest = pc.max(table.column("schema_version")).as_py()
+    if newest is not None and newest > SCHEMA_VERSION:
+        raise HarnessError(
+            f"{path}: written with row schema version {newest} by a newer harness; this harness "
+            f"({harness.__version__}) reads up to version {SCHEMA_VERSION}: upgrade it to read these results"
+        )
+
+
+def writer_tag() -> str:
+    """Who writes a temporary file (host and pid), so cleanup never removes a live writer's file."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def _writer_gone(tmp: Path) -> bool:
+    """True when the file's writer was a process of this host that no longer exists.
+
+    Files of other hosts (an array task on another node of a shared folder) are left alone:
+    their writer's liveness cannot be seen from here.
+    """
+    name, _, pid = tmp.name.removesuffix(".tmp").rpartition(".")
+    if not pid.isdigit() or not name.endswith("." + socket.gethostname()):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by someone else
+        return False
+    return False
+
+
 class Store:
-    """A results folder: `cells/<cell_id>.parquet` plus the experiment that made them."""
+    """The cell files of a results folder: `cells/<cell_id>.parquet`, each written atomically.
+
+    Which of them a reader may use is the manifest's business (harness.results); this class
+    only reads and writes files, restricted to given cell ids where a caller names them.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -124,61 +170,74 @@ class Store:
             return []
 
     def is_done(self, cell_id: str) -> bool:
-        """A cell is done when its file exists and none of its rows failed (those are retried)."""
-        statuses = self.statuses(cell_id)
-        return bool(statuses) and "failed" not in statuses
+        """Done: the file exists and every row is ok or refused by the engine's declared rules.
 
-    def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
-        """Write all rows of a cell at once: a reader sees the whole cell or none of it."""
-        self.cells_dir.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
-        path = self.cell_path(cell_id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(table, tmp)
+        Failed rows are retried, and so are skipped ones (the GPU type was not here): they run
+        when the experiment runs on a node that has it.
+        """
+        statuses = self.statuses(cell_id)
+        return bool(statuses) and set(statuses) <= DONE_STATUSES
+
+    def atomic_write(self, path: Path, write: Any) -> Path:
+        """Write through a temporary file named for this writer, then rename into place."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{writer_tag()}.tmp")
+        write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         return path
 
+    def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
+        """Write all rows of a cell at once: a reader sees the whole cell or none of it."""
+        table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+        return self.atomic_write(self.cell_path(cell_id), lambda tmp: pq.write_table(table, tmp))
+
     def write_meta(self, name: str, content: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / name
-        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-        tmp.write_text(content, encoding="utf-8")
-        os.replace(tmp, path)
+        self.atomic_write(self.root / name, lambda tmp: tmp.write_text(content, encoding="utf-8"))
 
     def read_meta(self, name: str) -> dict[str, Any] | None:
         path = self.root / name
         return json.loads(path.read_text()) if path.is_file() else None
 
     def clean_stale(self) -> int:
-        """Remove temporary files left by a run that was killed mid-write."""
-        stale = list(self.cells_dir.glob(".*.tmp")) if self.cells_dir.is_dir() else []
+        """Remove temporary files whose writer (a process of this host) is gone."""
+        stale = [p for p in self.cells_dir.glob(".*.tmp") if _writer_gone(p)] if self.cells_dir.is_dir() else []
         for path in stale:
             path.unlink(missing_ok=True)
         return len(stale)
 
-    def cell_files(self) -> list[Path]:
-        return sorted(self.cells_dir.glob("*.parquet")) if self.cells_dir.is_dir() else []
+    def cell_files(self, cell_ids: Iterable[str] | None = None) -> list[Path]:
+        """Finished cell files: all of them, or those of the given ids that exist."""
+        if cell_ids is None:
+            return sorted(self.cells_dir.glob("*.parquet")) if self.cells_dir.is_dir() else []
+        return sorted(p for p in (self.cell_path(c) for c in set(cell_ids)) if p.is_file())
 
-    def read_rows(self, columns: list[str] | None = None) -> pd.DataFrame:
-        """Every row of every finished cell, one DataFrame (empty with the schema if none)."""
-        files = self.cell_files()
+    def read_rows(self, columns: list[str] | None = None, cell_ids: Iterable[str] | None = None) -> pd.DataFrame:
+        """Every row of the finished cells (all, or the given ids), one DataFrame (empty with the schema if none).
+
+        A file written by a newer schema version is refused, never read with its new columns dropped.
+        """
+        files = self.cell_files(cell_ids)
         if not files:
-            return ROW_SCHEMA.empty_table().to_pandas()
-        tables = [pq.read_table(f, columns=_present(f, columns)) for f in files]
+            return ROW_SCHEMA.empty_table().to_pandas()[columns or ROW_SCHEMA.names]
+        tables = []
+        for path in files:
+            wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
+            table = pq.read_table(path, columns=_present(path, wanted))
+            _refuse_newer(path, table)
+            tables.append(table)
         frame = pa.concat_tables(tables, promote_options="default").to_pandas()
         for name in columns or ROW_SCHEMA.names:  # columns newer than some files read back empty
             if name not in frame.columns:
                 frame[name] = None
         return frame[columns or ROW_SCHEMA.names]
 
-    def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
+    def tokens_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[int]]:
         """Token ids of the outputs with these hashes (one row each), read without loading all."""
-        import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        files = self.cell_files()
+        files = self.cell_files(cell_ids)
         if not files or not hashes:
             return {}
         data = ds.dataset([str(f) for f in files], format="parquet")

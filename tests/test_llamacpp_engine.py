@@ -183,18 +183,22 @@ def test_resume_after_kill_mid_matrix(write, tmp_path):
     assert (rows.status == "ok").all() and (rows.n_tokens == 24).all()
 
 
-def test_real_divergence_between_weight_formats(probed_results):
-    """Q4_1 as shipped vs the same weights in F32: tokens differ, and the statistics say where."""
+def test_statistics_locate_a_real_split(probed_results):
+    """Two seeds at temperature 1 on the real engine: the runs differ on any CPU, and the
+    statistics say where, token for token. (Q4_1 vs F32 departs on some CPUs and not on
+    others: that is a measurement, kept in configs and README, not an assertion.)"""
     store = Store(probed_results)
     rows = store.read_rows()
     assert (rows.status == "ok").all()
-    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["dtype=f32"]))
-    quant = summary[summary.dtype == "auto"]
-    assert quant.match_rate.notna().all() and (quant.reference_cell != quant.cell_id).all()
-    assert quant.match_rate.min() == 0.0  # at least one prompt departs from F32 within 24 tokens
+    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["seed=1"]))
+    sampled = summary[summary.seed == 2]
+    assert len(sampled) == 2 and (sampled.reference_cell != sampled.cell_id).all()
+    assert sampled.match_rate.notna().all() and sampled.match_rate.min() == 0.0
     first = rows[rows.repeat == 0].set_index(["cell_id", "prompt_id"])
-    for rec in quant[quant.match_rate == 0].itertuples():
+    for rec in sampled[sampled.match_rate == 0].itertuples():
         mine = first.loc[(rec.cell_id, rec.prompt_id)].token_ids
         theirs = first.loc[(rec.reference_cell, rec.prompt_id)].token_ids
         k = int(rec.first_divergence_min)
         assert list(mine[:k]) == list(theirs[:k]) and mine[k] != theirs[k]
+    greedy = summary[summary.temperature == 0]  # no seed-1 reference at temperature 0: none judged
+    assert greedy.match_rate.isna().all() and greedy.reference_cell.isna().all()

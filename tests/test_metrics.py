@@ -8,7 +8,7 @@ import pytest
 from harness import metrics
 from harness.config import AXES
 from harness.errors import HarnessError
-from harness.runner import output_hash
+from harness.rows import output_hash
 
 
 @pytest.mark.parametrize(
@@ -28,14 +28,24 @@ def test_first_divergence(tokens, reference, expected):
     assert metrics.first_divergence(tokens, reference) == expected
 
 
-def test_upper95_rule_of_three_and_exact():
-    assert metrics.upper95(0, 10) == pytest.approx(0.3)
-    assert metrics.upper95(0, 1000) == pytest.approx(0.003)
-    assert metrics.upper95(0, 2) == 1.0
+def test_upper95_is_the_exact_clopper_pearson_bound():
+    # 0 of n: 1 - 0.05**(1/n), not the rule of three (3/n is its large-n approximation)
+    assert metrics.upper95(0, 10) == pytest.approx(0.2589, abs=1e-4)
+    assert metrics.upper95(0, 2) == pytest.approx(0.7764, abs=1e-4)
+    assert metrics.upper95(0, 1) == pytest.approx(0.95)
+    assert metrics.upper95(0, 1000) == pytest.approx(0.002991, abs=1e-6)
+    # published one-sided 95 % Clopper-Pearson values: 1 of 10 -> 0.3942, 5 of 20 -> 0.4556
+    assert metrics.upper95(1, 10) == pytest.approx(0.3942, abs=1e-4)
+    assert metrics.upper95(5, 20) == pytest.approx(0.4556, abs=1e-4)
     assert metrics.upper95(10, 10) == 1.0
-    # exact one-sided Clopper-Pearson for 1 of 10: P(X<=1 | 10, p) = 0.05 at p ~= 0.3942
-    assert metrics.upper95(1, 10) == pytest.approx(0.3942, abs=1e-3)
     assert metrics.upper95(0, 0) is None
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 10, 57, 1000])
+def test_upper95_grows_with_the_diverged_count(runs):
+    bounds = [metrics.upper95(k, runs) for k in range(runs + 1)]
+    assert all(a < b for a, b in zip(bounds, bounds[1:]))  # 0 of 2 is below 1 of 2, and so on
+    assert all(k / runs <= b <= 1 for k, b in enumerate(bounds))
 
 
 SETTINGS = dict(model="m", engine="llamacpp", dtype="auto", gpu="any", batch_invariant=False, seed=0,
@@ -72,7 +82,7 @@ def test_summarize_against_batch_one():
     out = metrics.summarize(frame, tokens_for).set_index("batch_size")
     b1, b4, b8 = out.loc[1], out.loc[4], out.loc[8]
     assert (b1.runs, b1.unique_outputs, b1.match_rate, b1.modal_share, b1.compared) == (3, 1, 1.0, 1.0, 2)
-    assert pd.isna(b1.first_divergence_min) and b1.divergence_rate_upper95 == pytest.approx(1.0)
+    assert pd.isna(b1.first_divergence_min) and b1.divergence_rate_upper95 == pytest.approx(1 - 0.05 ** 0.5)
     assert (b4.runs, b4.unique_outputs, b4.match_rate, b4.modal_share) == (4, 4, 0.25, 0.25)
     assert (b4.first_divergence_min, b4.first_divergence_median, b4.diverged) == (0, 2, 3)
     assert b4.divergence_rate_upper95 == pytest.approx(metrics.upper95(3, 4))

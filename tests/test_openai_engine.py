@@ -9,6 +9,7 @@ import pytest
 
 from harness.config import load_experiment
 from harness.errors import ConfigError
+from harness.results import ResultsFolder
 from harness.runner import Runner
 from harness.store import Store
 
@@ -43,7 +44,7 @@ def test_launched_server_rows_with_server_token_ids(write, tmp_path):
     write("prompts.yaml", PROMPTS)
     launch = 'launch: [BINARY, -m, "{model}", --host, 127.0.0.1, --port, "{port}", --parallel, "2", -t, "1"]'
     store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", _experiment(launch))), store, group_timeout_s=600).run()
+    Runner(load_experiment(write("exp.yaml", _experiment(launch))), ResultsFolder(store.root), group_timeout_s=600).run()
     rows = store.read_rows()
     served = rows[rows.engine == "openai"]
     assert len(served) == 2 * 2 * 2 and (served.status == "ok").all(), served.error.unique()
@@ -60,7 +61,7 @@ def test_launched_server_rows_with_server_token_ids(write, tmp_path):
 def test_unreachable_url_fails_with_the_cause_and_others_finish(write, tmp_path):
     write("prompts.yaml", PROMPTS)
     store = Store(tmp_path / "out")
-    Runner(load_experiment(write("exp.yaml", _experiment("base_url: http://127.0.0.1:9"))), store).run()
+    Runner(load_experiment(write("exp.yaml", _experiment("base_url: http://127.0.0.1:9"))), ResultsFolder(store.root)).run()
     rows = store.read_rows()
     bad = rows[rows.engine == "openai"]
     assert set(bad.status) == {"failed"} and bad.error.str.contains("cannot read http://127.0.0.1:9").all()

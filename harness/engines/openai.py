@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from harness import models
-from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
+from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput
 from harness.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
 
@@ -84,7 +84,7 @@ class OpenAIEngine(Engine):
             try:
                 path = models.resolve_gguf(self.spec.model, self._base)
             except Exception as exc:  # noqa: BLE001
-                raise Unsupported(f"the server gave no token ids and no tokenizer is known for '{self.spec.model}'") from exc
+                raise RuntimeError(f"the server gave no token ids and no tokenizer is known for '{self.spec.model}'") from exc
             import llama_cpp as ll
 
             params = ll.llama_model_default_params()

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from harness import models
 from harness.engines.base import (
+    template_sha256,
     BatchOutput,
     Engine,
     EngineOptions,
@@ -213,6 +214,7 @@ class VllmEngine(Engine):
             "model_file": self.model_path,
             "model_sha256": self.model_sha256,
             "batch_invariant_requested": self.spec.batch_invariant,
+            "chat_template_sha256": template_sha256(getattr(self.tokenizer, "chat_template", None)),
             **self.facts,
         }
 

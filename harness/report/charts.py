@@ -59,7 +59,9 @@ def step_value(values: Any, k: int) -> float | None:
     return None if math.isnan(value) else value
 
 
-def compute(rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any]) -> Charts:
+def compute(
+    rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any], allow_mixed: frozenset[str] = frozenset()
+) -> Charts:
     """`rows`: all rows (with margins); `annotated`: metrics.against_reference of them."""
     varying = varying_axes(rows)
     judged = annotated[annotated["matched"].notna()].copy()
@@ -91,7 +93,7 @@ def compute(rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, An
         identical=identical,
         divergence=divergence.reset_index(drop=True),
         margins=margins,
-        slowdown=metrics.slowdown(rows),
+        slowdown=metrics.slowdown(rows, allow_mixed),
         reference=",".join(f"{k}={v}" for k, v in reference.items()),
         varying=varying,
     )

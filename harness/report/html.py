@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from harness import metrics
 from harness.config import AXES
-from harness.errors import HarnessError
 from harness.probes import PROBE_COLUMNS
 from harness.report import charts as charts_mod
-from harness.store import Store
+from harness.results import Results
 
 #: filters offered in the viewer, in this order, when the results hold more than one value
 FILTER_AXES = ("engine", "batch_size", "dtype", "gpu", "batch_invariant", "model", "seed", "temperature")
@@ -79,23 +77,19 @@ def _probe_table(rows: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]
                            "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"]])
 
 
-def _prompt_texts(results: Path) -> dict[str, str]:
-    """Prompt texts by id from the experiment that filled the folder; empty if it is not found."""
-    from harness.status import experiment_for
-
-    try:
-        loaded = experiment_for(results)
-    except (HarnessError, OSError):
-        return {}
-    return {p.id: p.text for p in loaded.prompt_set.prompts}
+def _prompt_texts(results: Results) -> dict[str, str]:
+    """Prompt texts by id from the experiment snapshot(s) in the folder's manifest."""
+    return {p.id: p.text for loaded in results.folder.experiments() for p in loaded.prompt_set.prompts}
 
 
-def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    store: Results, reference: dict[str, Any] | None = None, allow_mixed: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
     reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
     rows = store.read_rows()
-    annotated = metrics.against_reference(rows, store.tokens_for, reference)
-    chart = charts_mod.compute(rows, annotated, reference)
+    annotated = metrics.against_reference(rows, store.tokens_for, reference, allow_mixed)
+    chart = charts_mod.compute(rows, annotated, reference, allow_mixed)
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 
     runs = []
@@ -119,12 +113,11 @@ def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, An
             "error": r.error or "", "s": {a: _plain(getattr(r, a)) for a in AXES}, "ref": False,
         })
 
-    meta_yaml = store.root / "experiment.yaml"
-    experiment = yaml.safe_load(meta_yaml.read_text()) if meta_yaml.is_file() else {}
+    descriptions = [e.experiment.description for e in store.folder.experiments() if e.experiment.description]
     return {
         "meta": {
             "experiment": _distinct(rows["experiment"]),
-            "description": str(experiment.get("description", "") or ""),
+            "description": " / ".join(descriptions),
             "results": str(store.root),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "reference": chart.reference,
@@ -136,7 +129,7 @@ def build(store: Store, reference: dict[str, Any] | None = None) -> dict[str, An
             "cells": int(rows["cell_id"].nunique()),
         },
         "filters": [a for a in FILTER_AXES if rows[a].nunique() > 1] or ["engine"],
-        "prompts": _prompt_texts(store.root),
+        "prompts": _prompt_texts(store),
         "outputs": _outputs(annotated),
         "runs": runs,
         "charts": {
@@ -163,9 +156,11 @@ def render(payload: dict[str, Any]) -> str:
     )
 
 
-def write(store: Store, out: Path, reference: dict[str, Any] | None = None) -> dict[str, Any]:
+def write(
+    store: Results, out: Path, reference: dict[str, Any] | None = None, allow_mixed: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Build and write the report atomically; returns the payload (for the CLI's summary line)."""
-    payload = build(store, reference)
+    payload = build(store, reference, allow_mixed)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

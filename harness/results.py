@@ -1,0 +1,251 @@
+"""A results folder as one object: its manifest says which experiment fills it and which cells count.
+
+Every reader (summarize, check, report, plot, compare, merge, status) opens a folder through
+`open_results`, so it sees the cells of the folder's current experiment only. Cells left by an
+earlier version of the experiment (another prompt text, another max_tokens, ...) stay on disk
+as *stale* and are read only when asked (`all_cells=True`). The experiment a reader uses is
+the snapshot kept in the manifest, never the live YAML file, which may have changed since.
+
+`manifest.json`:
+    format, manifest_version, schema_version (of the rows),
+    experiments: [{fingerprint, name, source, base, adopted_at, snapshot}]   # current ones
+    cells: {cell_id: {experiment, statuses, run_id, writer, written_at}}     # as they landed
+
+Updates are read-modify-write under an exclusive lock on `.manifest.lock` and land by an
+atomic rename, so array tasks writing into one shared folder never lose each other's entries.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+import harness
+from harness.config import LoadedExperiment, load_snapshot
+from harness.errors import HarnessError
+from harness.matrix import Cell, expand
+from harness.store import SCHEMA_VERSION, Store, writer_tag
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "determinism-harness results"
+MANIFEST_VERSION = 1
+
+
+def fingerprint(loaded: LoadedExperiment) -> str:
+    """Hash of the experiment snapshot: equal fingerprints, equal experiments."""
+    text = json.dumps(loaded.snapshot, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What `adopt` changed: the experiments the folder held before, now replaced."""
+
+    replaced: list[str]  # names of experiments no longer current
+    stale: list[str]  # cell ids on disk that no current experiment has
+
+
+class ResultsFolder:
+    """A results folder: cell files (`Store`) plus the manifest that says which of them count."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.store = Store(self.root)
+        self.manifest_path = self.root / MANIFEST
+
+    # -- the manifest ---------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".manifest.lock", "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def has_manifest(self) -> bool:
+        return self.manifest_path.is_file()
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest, checked: a newer format or row schema is refused, naming what wrote it."""
+        if not self.has_manifest():
+            return {"format": MANIFEST_FORMAT, "manifest_version": MANIFEST_VERSION,
+                    "schema_version": SCHEMA_VERSION, "experiments": [], "cells": {}}
+        try:
+            data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise HarnessError(f"{self.manifest_path}: not valid JSON ({exc}); the folder's manifest is damaged") from None
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise HarnessError(f"{self.manifest_path}: not a results manifest of this harness")
+        for key, known in (("manifest_version", MANIFEST_VERSION), ("schema_version", SCHEMA_VERSION)):
+            if int(data.get(key, 0)) > known:
+                raise HarnessError(
+                    f"{self.manifest_path}: {key} {data[key]} was written by a newer harness "
+                    f"({data.get('harness_version', '?')}); this one ({harness.__version__}) knows up to "
+                    f"{known}: upgrade it to read these results"
+                )
+        return data
+
+    def _update(self, change: Any) -> dict[str, Any]:
+        with self._locked():
+            data = self.manifest()
+            change(data)
+            data["schema_version"] = max(int(data.get("schema_version", 0)), SCHEMA_VERSION)
+            data["harness_version"] = harness.__version__
+            self.store.write_meta(MANIFEST, json.dumps(data, indent=1, sort_keys=True))
+        return data
+
+    def adopt(self, loaded: LoadedExperiment) -> Adoption:
+        """Make `loaded` the folder's current experiment (a no-op when it already is).
+
+        The snapshot is what readers use later; cells of a replaced experiment become stale.
+        """
+        fp = fingerprint(loaded)
+        replaced: list[str] = []
+
+        def change(data: dict[str, Any]) -> None:
+            if [e["fingerprint"] for e in data["experiments"]] == [fp]:
+                return
+            replaced.extend(e["name"] for e in data["experiments"])
+            data["experiments"] = [{
+                "fingerprint": fp,
+                "name": loaded.experiment.name,
+                "source": str(loaded.path),
+                "base": str(loaded.base_dir),
+                "adopted_at": datetime.now(timezone.utc).isoformat(),
+                "snapshot": loaded.snapshot,
+            }]
+
+        self._update(change)
+        self.store.write_meta("experiment.yaml", _as_yaml(loaded.snapshot))
+        return Adoption(replaced, self.stale_ids() if replaced else [])
+
+    def register(self, cell_id: str, statuses: Iterable[str], run_id: str) -> None:
+        """Record a cell that just landed: which experiment wrote it, with what statuses."""
+        counts = dict(Counter(statuses))
+
+        def change(data: dict[str, Any]) -> None:
+            current = [e["fingerprint"] for e in data["experiments"]]
+            data["cells"][cell_id] = {
+                "experiment": current[0] if len(current) == 1 else current,
+                "statuses": counts,
+                "run_id": run_id,
+                "writer": writer_tag(),
+                "written_at": datetime.now(timezone.utc).isoformat(),
+            }
+
+        self._update(change)
+
+    def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str) -> None:
+        """Write a cell's rows (atomically), then record it in the manifest."""
+        self.store.write_cell(cell_id, rows)
+        self.register(cell_id, [r["status"] for r in rows], run_id)
+
+    def join(self, other: ResultsFolder, cell_ids: list[str], allow_other_experiment: bool) -> None:
+        """Take `other`'s experiments as current too, and its entries for `cell_ids` (merge)."""
+        theirs = other.manifest()
+
+        def change(data: dict[str, Any]) -> None:
+            mine = {e["fingerprint"] for e in data["experiments"]}
+            new = [e for e in theirs["experiments"] if e["fingerprint"] not in mine]
+            if new and data["experiments"] and not allow_other_experiment:
+                raise HarnessError(
+                    f"{other.root} holds experiment {new[0]['name']} ({new[0]['fingerprint']}), {self.root} holds "
+                    f"{data['experiments'][0]['name']} ({data['experiments'][0]['fingerprint']}): they differ; "
+                    "merge them only on purpose, with --allow-mixed experiment"
+                )
+            data["experiments"] += new
+            for cell_id in cell_ids:
+                if cell_id in theirs["cells"]:
+                    data["cells"][cell_id] = theirs["cells"][cell_id]
+
+        self._update(change)
+
+    # -- what the manifest says ------------------------------------------------------------
+
+    def experiments(self) -> list[LoadedExperiment]:
+        """The current experiments, rebuilt from their snapshots (not from the live files)."""
+        out = []
+        for entry in self.manifest()["experiments"]:
+            out.append(load_snapshot(entry["snapshot"], Path(entry["base"]), self.manifest_path))
+        return out
+
+    def experiment(self) -> LoadedExperiment:
+        """The one current experiment; an error when there is none or several (a mixed merge)."""
+        found = self.experiments()
+        if len(found) != 1:
+            what = "no experiment" if not found else f"{len(found)} experiments (a merge of different ones)"
+            raise HarnessError(f"{self.root}: the manifest holds {what}; give the experiment with --experiment FILE")
+        return found[0]
+
+    def current_cells(self) -> list[Cell]:
+        cells: dict[str, Cell] = {}
+        for loaded in self.experiments():
+            for cell in expand(loaded):
+                cells.setdefault(cell.id, cell)
+        return list(cells.values())
+
+    def stale_ids(self) -> list[str]:
+        """Cell files on disk that belong to no current experiment."""
+        current = {c.id for c in self.current_cells()}
+        return [p.stem for p in self.store.cell_files() if p.stem not in current]
+
+
+def _as_yaml(snapshot: dict[str, Any]) -> str:
+    import yaml
+
+    head = "# The experiment that fills this folder, with its prompts inline (a copy; the manifest is what counts).\n"
+    return head + yaml.safe_dump(snapshot, sort_keys=False, allow_unicode=True)
+
+
+@dataclass
+class Results:
+    """What a reader sees of a folder: the rows of its chosen cells, and which cells were left out."""
+
+    folder: ResultsFolder
+    cell_ids: list[str]  # the cells read (present on disk)
+    stale: list[str]  # cells on disk left out (or read, with all_cells)
+    all_cells: bool
+
+    @property
+    def root(self) -> Path:
+        return self.folder.root
+
+    def read_rows(self, columns: list[str] | None = None) -> pd.DataFrame:
+        return self.folder.store.read_rows(columns, self.cell_ids)
+
+    def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
+        return self.folder.store.tokens_for(hashes, self.cell_ids)
+
+
+def open_results(root: Path, all_cells: bool = False) -> Results:
+    """Open a results folder for reading: the current experiment's cells (all cells on disk with `all_cells`)."""
+    folder = ResultsFolder(root)
+    if not folder.store.cell_files():
+        raise HarnessError(f"{root}: no results here (expected {root}/cells/*.parquet)")
+    if not folder.has_manifest():
+        raise HarnessError(
+            f"{root}: no {MANIFEST} (written by an older harness, or not a results folder); adopt it with "
+            f"'harness run EXPERIMENT --out {root}': finished cells of that experiment are kept, others become stale"
+        )
+    on_disk = [p.stem for p in folder.store.cell_files()]
+    current = {c.id for c in folder.current_cells()}
+    stale = [c for c in on_disk if c not in current]
+    chosen = on_disk if all_cells else [c for c in on_disk if c in current]
+    if not chosen:
+        raise HarnessError(
+            f"{root}: none of the {len(on_disk)} cell(s) on disk belongs to the current experiment "
+            f"({', '.join(e.experiment.name for e in folder.experiments())}); run it, or read them with --all-cells"
+        )
+    return Results(folder, chosen, stale, all_cells)
