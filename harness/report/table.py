@@ -50,6 +50,12 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
         else:
             text += f"; divergence rate < {100 * bound:.0f}% (95% upper bound)"
         lines.append(text)
+    orphans = summary[(summary["runs"] > 0) & summary["reference_cell"].isna()]
+    for key, part in orphans.groupby(varying, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{a}={v}" for a, v in zip(varying, key))
+        lines.append(f"{label}: no reference run ({part['reference'].iloc[0]}) for {len(part)} prompt(s); "
+                     "those runs are not compared")
     return lines
 
 
