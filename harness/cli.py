@@ -184,8 +184,9 @@ def run(
             console.print(f"[yellow]interrupted[/yellow]: {done} finished cell(s) are in {out}; "
                           "run the same command again to resume")
             raise typer.Exit(130) from None
-    counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items())) or "nothing new"
-    console.print(f"ran {len(result.ran)} cell(s) ({counts} rows); {len(result.skipped_done)} already done")
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items()))
+    console.print(f"ran {len(result.ran)} cell(s) ({counts + ' rows' if counts else 'nothing new'}); "
+                  f"{len(result.skipped_done)} already done")
     if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
         _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
         console.print(f"rows: {out}/cells/*.parquet   summary: {out}/summary.parquet")
@@ -195,7 +196,12 @@ def run(
             "the same command retries them (exit code 1)"
         )
         raise typer.Exit(1)
-    console.print("every cell run is done (exit code 0)")
+    skipped = result.statuses.get("skipped", 0)
+    if skipped:
+        console.print(f"no cell failed; {skipped} row(s) skipped: their GPU type is not on this machine, and they run "
+                      "where it is (exit code 0)")
+    else:
+        console.print("every cell run is done (exit code 0)")
 
 
 def _parse_where(items: list[str]) -> dict[str, Any]:

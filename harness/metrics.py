@@ -6,6 +6,7 @@ Token sequences are compared by hash first; the per-token walk runs once per dis
 
 from __future__ import annotations
 
+import json
 import math
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
@@ -42,7 +43,6 @@ ROW_COLUMNS = list(KEY_COLUMNS) + [
 
 def chat_template_of(engine_info: pd.Series) -> pd.Series:
     """The chat template a row was made with (its hash where the engine gives one), from engine_info."""
-    import json
 
     def one(text: Any) -> str:
         try:
@@ -95,14 +95,14 @@ def refuse_mixed(
             )
 
 
-def parse_allow_mixed(items: Iterable[str], extra: tuple[str, ...] = ()) -> frozenset[str]:
-    allowed = MIXABLE + extra
+def parse_allow_mixed(items: Iterable[str]) -> frozenset[str]:
+    """--allow-mixed values (repeatable, or comma-separated), each one of MIXABLE."""
     out = set()
     for item in items:
         for name in item.split(","):
             name = name.strip()
-            if name not in allowed:
-                raise HarnessError(f"--allow-mixed '{name}': allowed: {', '.join(allowed)}")
+            if name not in MIXABLE:
+                raise HarnessError(f"--allow-mixed '{name}': allowed: {', '.join(MIXABLE)}")
             out.add(name)
     return frozenset(out)
 

@@ -119,9 +119,14 @@ def _refuse_newer(path: Path, table: pa.Table) -> None:
         return
     newest = pc.max(table.column("schema_version")).as_py()
     if newest is not None and newest > SCHEMA_VERSION:
+        try:
+            writers = sorted(set(pq.read_table(path, columns=["harness_version"]).column(0).to_pylist()) - {None, ""})
+        except (pa.ArrowInvalid, KeyError):
+            writers = []
         raise HarnessError(
-            f"{path}: written with row schema version {newest} by a newer harness; this harness "
-            f"({harness.__version__}) reads up to version {SCHEMA_VERSION}: upgrade it to read these results"
+            f"{path}: written with row schema version {newest} by a newer harness "
+            f"({', '.join(writers) or 'version not recorded'}); this harness ({harness.__version__}) reads up to "
+            f"version {SCHEMA_VERSION}: upgrade it to read these results"
         )
 
 

@@ -232,9 +232,9 @@ def test_compare_refuses_other_versions_and_lists_what_differs(tmp_path):
 
 def test_newer_schema_is_refused_with_who_wrote_it(tmp_path):
     folder, cells = synthetic_folder(tmp_path / "out", ["p1"], {})
-    folder.write_cell(cells[0].id, [row_for(cells[0], "p1", 0, [1], schema_version=99)], "t")
+    folder.write_cell(cells[0].id, [row_for(cells[0], "p1", 0, [1], schema_version=99, harness_version="0.7.0")], "t")
     done = run_harness("summarize", str(folder.root))
-    assert done.returncode == 1 and "row schema version 99" in done.stderr and "newer harness" in done.stderr
+    assert done.returncode == 1 and "row schema version 99 by a newer harness (0.7.0)" in done.stderr
     manifest = json.loads(folder.manifest_path.read_text())
     folder.manifest_path.write_text(json.dumps(manifest | {"manifest_version": 7, "harness_version": "9.9"}))
     with pytest.raises(HarnessError, match="manifest_version 7 was written by a newer harness \\(9.9\\)"):
@@ -476,3 +476,37 @@ def test_summaries_of_a_run_folder_read_current_cells_only(tmp_path):
         rows.output_hash.iloc[0]}
     assert "0ldce11" in open_results(folder.root, all_cells=True).cell_ids
     assert provenance.gpu_matches("A100", [{"name": "NVIDIA A100-PCIE-40GB"}]) is None
+
+
+def test_merge_takes_done_cells_refuses_two_runs_of_one_cell_and_other_experiments(tmp_path):
+    def shard(root: Path, batch: int, tokens: list[int], status: str = "ok"):
+        folder, cells = synthetic_folder(root, ["p1"], {"batch_size": [1, 2]})
+        cell = next(c for c in cells if c["batch_size"] == batch)
+        row = row_for(cell, "p1", 0, tokens) if status == "ok" else row_for(cell, "p1", 0, status=status, error="x")
+        folder.write_cell(cell.id, [row], "t")
+        return folder, cell
+
+    a, cell1 = shard(tmp_path / "a", 1, [1, 2])
+    b, cell2 = shard(tmp_path / "b", 2, [1, 2])
+    c, _ = shard(tmp_path / "c", 2, [0], status="failed")  # a failed copy of b's cell
+    done = run_harness("merge", str(a.root), str(c.root), str(b.root), "--out", str(tmp_path / "all"))
+    assert done.returncode == 0, done.stderr
+    merged = open_results(tmp_path / "all")
+    assert sorted(merged.cell_ids) == sorted([cell1.id, cell2.id]) and merged.stale == []
+    assert set(merged.read_rows().status) == {"ok"}  # the done copy won over the failed one
+    assert set(merged.folder.manifest()["cells"]) == {cell1.id, cell2.id}
+
+    d, _ = shard(tmp_path / "d", 2, [3, 4])  # another run of the same cell, also done
+    clash = run_harness("merge", str(b.root), str(d.root), "--out", str(tmp_path / "clash"))
+    assert clash.returncode == 1 and "done in two places" in clash.stderr
+    assert str(b.store.cell_path(cell2.id)) in clash.stderr and str(d.store.cell_path(cell2.id)) in clash.stderr
+    assert not (tmp_path / "clash" / "cells").exists()  # nothing copied
+
+    other, cells = synthetic_folder(tmp_path / "other", ["p9"], {})
+    other.write_cell(cells[0].id, [row_for(cells[0], "p9", 0, [5])], "t")
+    refused = run_harness("merge", str(a.root), str(other.root), "--out", str(tmp_path / "mixed"))
+    assert refused.returncode == 1 and "--allow-mixed experiment" in refused.stderr
+    allowed = run_harness("merge", str(a.root), str(other.root), "--out", str(tmp_path / "mixed2"),
+                          "--allow-mixed", "experiment")
+    assert allowed.returncode == 0, allowed.stderr
+    assert len(open_results(tmp_path / "mixed2").cell_ids) == 2
