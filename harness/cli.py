@@ -503,6 +503,54 @@ def check(
         raise typer.Exit(1)
 
 
+@app.command()
+def doctor(
+    experiment: Optional[Path] = typer.Argument(
+        None, help="Experiment YAML file: check what it needs (engines, GPU types, dtypes, batch-invariant mode)."
+    ),
+    engine: list[str] = typer.Option([], "--engine", "-e", help="Without FILE: probe only these engines (repeatable)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+) -> None:
+    """What will really run on this machine: GPUs, engines and their GPU support, batch-invariant mode.
+
+    Python and harness versions; each engine, whether it imports and its version; llama.cpp's
+    GPU offload and backends; llama-server's binary and GPU devices; GPUs from the driver (name,
+    memory, compute capability, driver, CUDA); vLLM's platform and whether batch-invariant mode
+    can run; SLURM / PBS commands; the cache folder. With FILE: exit 1 when something the
+    experiment needs is missing, one line each with how to get it; exit 0 when all is there.
+    """
+    from harness import doctor as doc
+    from harness.config import load_experiment
+    from harness.engines import ENGINE_NAMES
+
+    if fmt not in ("table", "json"):
+        raise HarnessError(f"--format '{fmt}': allowed: table, json")
+    for name in engine:
+        if name not in ENGINE_NAMES:
+            raise HarnessError(f"--engine '{name}': allowed: {', '.join(ENGINE_NAMES)}")
+    if experiment is not None:
+        report = doc.check_experiment(load_experiment(experiment))
+    else:
+        report = doc.collect(tuple(engine) or ENGINE_NAMES)
+    if fmt == "json":
+        sys.stdout.write(report.as_json() + "\n")
+    else:
+        console = _console()
+        f = report.facts
+        console.print(f"python {f['python']}, harness {f['harness']}; cache {f['cache']['path']} "
+                      f"({f['cache']['bytes'] / 1e6:,.0f} MB); schedulers: "
+                      + (", ".join(k for k, v in f["schedulers"].items() if v) or "none found"))
+        marks = {True: "[green]ok     [/green]", False: "[red]MISSING[/red]", None: "       "}
+        for item in report.findings:
+            console.print(f"{marks[item.ok]} [bold]{escape(item.what)}[/bold]: {escape(item.detail)}")
+            if item.fix:
+                console.print(f"        get it: {escape(item.fix)}")
+        if experiment is not None and not report.missing:
+            console.print(f"everything {experiment} needs is here")
+    if report.missing:
+        raise typer.Exit(1)
+
+
 @models_app.callback()
 def models_list(ctx: typer.Context) -> None:
     """List named models and whether their files are installed."""

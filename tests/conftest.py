@@ -127,3 +127,16 @@ def row_for(cell, prompt_id: str, repeat: int, tokens: list[int] | None = None, 
         row |= {"token_ids": tokens, "n_tokens": len(tokens), "text": " ".join(map(str, tokens)),
                 "output_hash": output_hash(tokens)}
     return row | extra
+
+
+def fake_nvidia_smi(folder: Path, name: str, compute_cap: str = "8.0") -> dict[str, str]:
+    """A stand-in `nvidia-smi` on PATH (there is no GPU here) that reports one GPU."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in --query-gpu=*) echo "{name}, GPU-1234, 550.54, {compute_cap}, 81920 MiB";;\n'
+        '*) echo "| NVIDIA-SMI 550.54   Driver Version: 550.54   CUDA Version: 12.4 |";; esac\n'
+    )
+    script.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}

@@ -23,7 +23,7 @@ from harness.matrix import expand
 from harness.results import ResultsFolder, open_results
 from harness.store import Store
 
-from .conftest import PROMPTS, needs_llama, row_for, run_harness, synthetic_folder
+from .conftest import PROMPTS, fake_nvidia_smi, needs_llama, row_for, run_harness, synthetic_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,22 +75,9 @@ def test_gpu_type_pitfalls_of_substring_matching():
     assert not gpu_names.matches("RTX 3090", "NVIDIA GeForce RTX 3090 Ti")
 
 
-def _fake_nvidia_smi(folder: Path, name: str) -> dict[str, str]:
-    """A stand-in `nvidia-smi` on PATH (there is no GPU here) that reports one GPU."""
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in --query-gpu=*) echo "' + name + ', GPU-1234, 550.54, 8.0, 81920 MiB";;\n'
-        '*) echo "| NVIDIA-SMI 550.54   Driver Version: 550.54   CUDA Version: 12.4 |";; esac\n'
-    )
-    script.chmod(0o755)
-    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
-
-
 def test_cells_for_a_similar_gpu_name_are_skipped_not_run(write, tmp_path):
     """With an A100 reported (by a stand-in nvidia-smi), A10 and L4 cells do not run; they are skipped."""
-    env = _fake_nvidia_smi(tmp_path / "bin", "NVIDIA A100-SXM4-80GB")
+    env = fake_nvidia_smi(tmp_path / "bin", "NVIDIA A100-SXM4-80GB")
     write("prompts.yaml", PROMPTS)
     write("exp.yaml", "name: g\nprompts: prompts.yaml\nmatrix:\n  model: [smollm2-135m]\n  gpu: [A10, L4]\n")
     done = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--no-summary"],

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Acceptance run on a GPU node: harness doctor, then the small versions of the source experiments
+# (configs/cluster/acceptance.yaml), the CI gate on what the sources found, and the HTML report.
+# Without a GPU it says so and runs the CPU subset (configs/acceptance-cpu.yaml).
+#
+#   scripts/gpu_acceptance.sh [RESULTS_ROOT]        results go to RESULTS_ROOT/acceptance-<GPU or cpu>
+#   ENGINES=llamacpp scripts/gpu_acceptance.sh      only these engines' cells (comma-separated)
+#   HARNESS="python -m harness" ...                 how to call the harness (default: harness)
+#
+# Exit code: 0 when every cell ran and every rule held, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="${1:-results}"
+read -r -a harness <<<"${HARNESS:-harness}"
+
+gpu=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+fi
+if [ -n "$gpu" ]; then
+    config=configs/cluster/acceptance.yaml
+    out="$root/acceptance-$(echo "$gpu" | tr -c 'A-Za-z0-9.\n-' '-')"
+    echo "GPU: $gpu -> $config"
+else
+    config=configs/acceptance-cpu.yaml
+    out="$root/acceptance-cpu"
+    echo "no GPU found (nvidia-smi absent or lists none): running the CPU subset $config"
+fi
+where=()
+if [ -n "${ENGINES:-}" ]; then
+    IFS=, read -r -a engines <<<"$ENGINES"
+    for e in "${engines[@]}"; do where+=(--where "engine=$e"); done
+    [ "${#engines[@]}" -gt 1 ] && { echo "ENGINES: give one engine (a cell has one)" >&2; exit 2; }
+fi
+
+"${harness[@]}" doctor "$config" || echo "doctor: a piece this experiment needs is missing (above); its cells will fail or be skipped"
+"${harness[@]}" run "$config" --out "$out" "${where[@]}"
+run_rc=$?
+"${harness[@]}" check "$out" --junit "$out/junit.xml"
+check_rc=$?
+"${harness[@]}" report "$out"
+echo "another GPU type: run this script on its node, then: harness compare $out $root/acceptance-<other GPU>"
+[ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ]
