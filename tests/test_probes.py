@@ -57,7 +57,8 @@ def test_low_margin_fraction_ignores_missing_steps():
 @needs_llama
 @pytest.mark.engine
 def test_probes_on_real_llamacpp(probed_results):
-    """Q4_1 logits are bitwise the same alone and in a batch; F32 logits move in a batch of 2."""
+    """Q4_1 logits are bitwise the same alone and in a batch (on CPUs: AVX2 and AVX-512 alike); the
+    columns of every probed row agree with each other."""
     rows = Store(probed_results).read_rows()
     assert (rows.status == "ok").all() and len(rows) == 6 * 2 * 2
     rows = rows[rows.temperature == 0]  # the sampled cells (two seeds) serve other tests
@@ -70,15 +71,19 @@ def test_probes_on_real_llamacpp(probed_results):
     assert (unmoved.probe_logits_differed == 0).all() and (unmoved.probe_max_abs_diff == 0).all()
     assert unmoved.probe_first_diff_step.isna().all()
 
-    moved = rows[(rows.dtype == "f32") & (rows.batch_size == 2)]
-    assert (moved.probe_logits_differed > 0).all() and (moved.probe_max_abs_diff > 0).all()
-    assert (moved.probe_logits_differed <= moved.probe_logits_compared).all()
-    assert moved.probe_first_diff_step.notna().all()
+    # F32 in a batch of 2: whether its logits move depends on the CPU's kernels (they did on the
+    # machines this was written on; README keeps the numbers). Asserted here: the columns agree.
+    batched = rows[(rows.dtype == "f32") & (rows.batch_size == 2)]
+    assert (batched.probe_logits_differed <= batched.probe_logits_compared).all()
+    moved = batched.probe_logits_differed > 0
+    assert (moved == (batched.probe_max_abs_diff > 0)).all()
+    assert (moved == batched.probe_first_diff_step.notna()).all()
 
     done = run_harness("summarize", str(probed_results), "--format", "json", "--what", "probes")
     assert done.returncode == 0, done.stderr
     pooled = {(r["dtype"], r["batch_size"]): r for r in json.loads(done.stdout) if r["temperature"] == 0}
     assert set(pooled) == {("auto", 1), ("auto", 2), ("f32", 1), ("f32", 2)}
-    assert pooled[("f32", 2)]["moved_share"] > 0 and pooled[("f32", 2)]["runs"] == 4
+    assert pooled[("f32", 2)]["runs"] == 4
+    assert (pooled[("f32", 2)]["moved_share"] > 0) == bool(moved.any())
     assert pooled[("auto", 2)]["moved_share"] == 0 and pooled[("f32", 1)]["logits_differed"] == 0
     assert (probed_results / "probes.parquet").is_file()
