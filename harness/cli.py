@@ -62,24 +62,28 @@ def _results(folder: Path, all_cells: bool = False):
 
 
 def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False):
-    """(per cell and prompt, slowdown, logit probes) from a results folder; each also written as Parquet."""
-    from harness import metrics
+    """(per cell and prompt, slowdown, logit probes, answers) from a results folder; each also written as Parquet."""
+    from harness import answer_metrics, metrics
 
     results = _results(out, all_cells)
     mixed = metrics.parse_allow_mixed(allow_mixed)
-    rows = results.read_rows(columns=metrics.ROW_COLUMNS)
-    summary = metrics.summarize(rows, results.tokens_for, metrics.parse_reference(reference or []), mixed)
+    ref = metrics.parse_reference(reference or [])
+    columns = list(dict.fromkeys(metrics.ROW_COLUMNS + answer_metrics.ANSWER_ROW_COLUMNS))
+    rows = results.read_rows(columns=columns)
+    summary = metrics.summarize(rows, results.tokens_for, ref, mixed)
     cost = metrics.slowdown(rows, mixed)
     probes = metrics.probe_summary(rows)
+    answers = answer_metrics.answer_summary(rows, results.answer_prompts(), ref)
     summary.to_parquet(out / "summary.parquet", index=False)
     cost.to_parquet(out / "slowdown.parquet", index=False)
-    if not probes.empty:
-        probes.to_parquet(out / "probes.parquet", index=False)
-    return summary, cost, probes
+    for name, frame in (("probes", probes), ("answers", answers)):
+        if not frame.empty:
+            frame.to_parquet(out / f"{name}.parquet", index=False)
+    return summary, cost, probes, answers
 
 
-def _print_summaries(console: Console, title: str, summary, cost, probes) -> None:
-    from harness.report.table import probe_table, slowdown_table, summary_table, verdict_lines
+def _print_summaries(console: Console, title: str, summary, cost, probes, answers) -> None:
+    from harness.report.table import answer_table, probe_table, slowdown_table, summary_table, verdict_lines
 
     console.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
     for line in verdict_lines(summary):
@@ -88,6 +92,9 @@ def _print_summaries(console: Console, title: str, summary, cost, probes) -> Non
         console.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))
     if not probes.empty:
         console.print(probe_table(probes, "logit probes: against the same prompt decoded alone, while the prefix is shared"))
+    if not answers.empty:
+        console.print(answer_table(answers, "answers: agreement over repeats, accuracy (bootstrap 95% CI over prompts), "
+                                            "change against the reference"))
 
 
 @app.command()
@@ -217,7 +224,8 @@ def summarize(
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
     what: str = typer.Option(
         "cells", "--what",
-        help="With json/csv: 'cells' (per cell and prompt), 'slowdown' (batch-invariant cost) or 'probes' (logit probes).",
+        help="With json/csv: 'cells' (per cell and prompt), 'slowdown' (batch-invariant cost), 'probes' (logit "
+             "probes) or 'answers' (answer agreement and accuracy per setting).",
     ),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
@@ -226,16 +234,16 @@ def summarize(
     and, where cells differ only in batch_invariant, what the mode costs."""
     if fmt not in ("table", "json", "csv"):
         raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
-    if what not in ("cells", "slowdown", "probes"):
-        raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes")
-    summary, cost, probes = _summaries(results, reference, allow_mixed, all_cells)
-    frame = {"cells": summary, "slowdown": cost, "probes": probes}[what]
+    if what not in ("cells", "slowdown", "probes", "answers"):
+        raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes, answers")
+    summary, cost, probes, answers = _summaries(results, reference, allow_mixed, all_cells)
+    frame = {"cells": summary, "slowdown": cost, "probes": probes, "answers": answers}[what]
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
-        _print_summaries(_console(), str(results), summary, cost, probes)
+        _print_summaries(_console(), str(results), summary, cost, probes, answers)
 
 
 @app.command()
@@ -446,7 +454,8 @@ def plot(
 
     identical (share of runs identical to the reference per setting and batch size), divergence
     (where runs first depart), margins (top-2 margin at the split, reference vs run), slowdown
-    (batch-invariant throughput ratio with its range).
+    (batch-invariant throughput ratio with its range), answers (accuracy per setting with its
+    bootstrap interval, where prompts carry answers).
     """
     from harness import metrics
     from harness.report import charts, plot as plotting
@@ -457,7 +466,8 @@ def plot(
     store, ref = _results(results, all_cells), metrics.parse_reference(reference)
     mixed = metrics.parse_allow_mixed(allow_mixed)
     rows = store.read_rows()
-    data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed)
+    data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed,
+                          store.answer_prompts())
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     console = _console()
     for path in written:
@@ -485,12 +495,12 @@ def check(
     from harness.results import ResultsFolder
 
     rules = load_expectations(expect) if expect is not None else None
-    summary, cost, _ = _summaries(results, reference, allow_mixed, all_cells)
+    summary, cost, _, answers = _summaries(results, reference, allow_mixed, all_cells)
     if rules is None:
         rules = [r for e in ResultsFolder(results).experiments() for r in e.experiment.expect]
         if not rules:
             raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
-    verdicts = gate.evaluate(rules, summary, cost)
+    verdicts = gate.evaluate(rules, summary, cost, answers)
     table = Table(title=f"{results}: expectations", title_justify="left")
     for col in ("rule", "verdict", "detail"):
         table.add_column(col)

@@ -11,7 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from harness import yamlsrc
 from harness.engines import ENGINE_NAMES, options_model
 from harness.errors import ConfigError
-from harness.prompts import PromptSet, load_prompt_set, prompt_set_from_inline
+from harness.answers import ParseRule
+from harness.prompts import (
+    PromptItem,
+    PromptSet,
+    answer_rule_errors,
+    load_prompt_set,
+    merge_prompt_sets,
+    prompt_set_from_inline,
+)
 
 #: Matrix axes, in display order. Row columns holding settings carry exactly these names.
 AXES: tuple[str, ...] = (
@@ -116,11 +124,6 @@ class Matrix(Strict):
         return values
 
 
-class PromptSpec(Strict):
-    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    text: str = Field(min_length=1)
-
-
 class GpuResources(Strict):
     """Scheduler resources for the cells of one GPU type."""
 
@@ -144,6 +147,11 @@ class Cluster(Strict):
     gpus: dict[str, GpuResources] = {}
 
 
+#: the conditions an `expect:` rule may give
+CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "slowdown_max", "status",
+              "accuracy_drop_max", "answer_agreement_min")
+
+
 class Expectation(Strict):
     """One CI rule, checked by `harness check` against the statistics of matching cells."""
 
@@ -154,6 +162,10 @@ class Expectation(Strict):
     divergence_rate_max: float | None = Field(None, ge=0, le=1)
     slowdown_max: float | None = Field(None, gt=0, description="batch-invariant throughput ratio, off / on")
     status: str | None = Field(None, pattern="^(ok|failed|unsupported|skipped)$", description="every row has this status")
+    accuracy_drop_max: float | None = Field(
+        None, ge=0, le=1, description="accuracy may fall at most this much below the reference setting's (0.05 = 5 points)")
+    answer_agreement_min: float | None = Field(
+        None, ge=0, le=1, description="at least this share of runs give the reference run's answer")
     allow_failed: bool = Field(False, description="judge the runs that did not fail instead of failing the rule")
 
 
@@ -162,7 +174,8 @@ class Experiment(Strict):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    prompts: str | list[PromptSpec]
+    prompts: str | list[str] | list[PromptItem]
+    parse: ParseRule | None = Field(default=None, description="inline prompts: the rule for those that give none")
     fillers: list[str] | None = None
     repeats: int = Field(default=1, ge=1, le=100_000)
     max_tokens: int = Field(default=128, ge=1, le=32_768)
@@ -253,8 +266,9 @@ def load_snapshot(snapshot: dict[str, Any], base: Path, where: Path) -> LoadedEx
 
 def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
     inline = dict(data)
-    inline["prompts"] = [{"id": p.id, "text": p.text} for p in prompt_set.prompts]
+    inline["prompts"] = [p.as_data() for p in prompt_set.prompts]
     inline["fillers"] = [f.text for f in prompt_set.fillers]
+    inline.pop("parse", None)  # each prompt carries its own rule now
     return json.loads(json.dumps(inline, default=str))  # plain JSON types only
 
 
@@ -280,27 +294,32 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
                 _validation_message(source, exc, prefix=("engine_options", engine))
             ) from None
 
-    if isinstance(experiment.prompts, str):
-        prompt_set = load_prompt_set(experiment.prompts, base, where=source.where(("prompts",)))
+    if isinstance(experiment.prompts, str) or all(isinstance(p, str) for p in experiment.prompts):
+        files = [experiment.prompts] if isinstance(experiment.prompts, str) else list(experiment.prompts)
+        prompt_set = merge_prompt_sets(
+            [load_prompt_set(f, base, where=source.where(("prompts",))) for f in files], source.where(("prompts",))
+        )
         if experiment.fillers is not None:
             prompt_set = prompt_set.with_fillers(experiment.fillers)
     else:
         prompt_set = prompt_set_from_inline(
-            [(p.id, p.text) for p in experiment.prompts], experiment.fillers or []
+            [p.prompt(experiment.parse) for p in experiment.prompts], experiment.fillers or []
         )
         ids = [p.id for p in experiment.prompts]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ConfigError(f"{source.where(('prompts',))}: prompts: duplicate id(s) {', '.join(dupes)}")
+        for index in answer_rule_errors(list(experiment.prompts), experiment.parse):
+            raise ConfigError(f"{source.where(('prompts', index))}: prompts[{index}]: an answer needs a parse rule; "
+                              "give 'parse' here or at the top of the experiment")
 
     include = _check_entries(source, "include", experiment.include)
     exclude = _check_entries(source, "exclude", experiment.exclude)
     for index, rule in enumerate(experiment.expect):
         _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"))
-        if all(getattr(rule, k) is None for k in ("unique_outputs", "match_rate_min", "divergence_rate_max",
-                                                  "slowdown_max", "status")):
+        if all(getattr(rule, k) is None for k in CONDITIONS):
             raise ConfigError(f"{source.where(('expect', index))}: expect[{index}]: no condition; give one of "
-                              "unique_outputs, match_rate_min, divergence_rate_max, slowdown_max, status")
+                              f"{', '.join(CONDITIONS)}")
 
     largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
     if largest > 1 and not prompt_set.fillers:

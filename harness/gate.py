@@ -8,7 +8,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pandas as pd
 
-from harness.config import Expectation
+from harness.config import CONDITIONS, Expectation
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,33 @@ def _where(frame: pd.DataFrame, where: dict[str, Any]) -> pd.DataFrame:
 
 
 def _label(index: int, rule: Expectation) -> str:
-    conds = [f"{k}={getattr(rule, k)}" for k in ("unique_outputs", "match_rate_min", "divergence_rate_max",
-                                                 "slowdown_max", "status") if getattr(rule, k) is not None]
+    conds = [f"{k}={getattr(rule, k)}" for k in CONDITIONS if getattr(rule, k) is not None]
     where = ",".join(f"{k}={v}" for k, v in rule.where.items()) or "all cells"
     return rule.name or f"#{index + 1} {' '.join(conds)} where {where}"
 
 
 def _listed(problems: list[str]) -> str:
     return "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+
+
+def _judge_answers(rule: Expectation, answers: pd.DataFrame) -> tuple[list[str], int]:
+    """Answer rules, on the per-setting answer statistics the rule's `where` selects."""
+    problems: list[str] = []
+    judged = 0
+    chosen = _where(answers, rule.where) if not answers.empty else answers
+    if rule.accuracy_drop_max is not None:
+        paired = chosen[chosen["accuracy_diff"].notna()] if not chosen.empty else chosen
+        judged += len(paired)
+        for r in paired[-paired["accuracy_diff"] > rule.accuracy_drop_max].itertuples():
+            problems.append(f"batch {r.batch_size} {r.dtype}: accuracy {100 * r.accuracy_diff:+.1f} points against "
+                            f"{r.reference} (95% CI {100 * r.diff_low:+.1f} to {100 * r.diff_high:+.1f})")
+    if rule.answer_agreement_min is not None:
+        agreed = chosen[chosen["answer_agreement"].notna()] if not chosen.empty else chosen
+        judged += len(agreed)
+        for r in agreed[agreed["answer_agreement"] < rule.answer_agreement_min].itertuples():
+            problems.append(f"batch {r.batch_size} {r.dtype}: {100 * r.answer_agreement:.1f}% of answers equal "
+                            f"the reference's")
+    return problems, judged
 
 
 def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[list[str], int]:
@@ -69,7 +88,9 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
     return problems, judged
 
 
-def evaluate(rules: list[Expectation], summary: pd.DataFrame, cost: pd.DataFrame) -> list[Verdict]:
+def evaluate(
+    rules: list[Expectation], summary: pd.DataFrame, cost: pd.DataFrame, answers: pd.DataFrame | None = None
+) -> list[Verdict]:
     """One verdict per rule. A rule fails when it matches nothing, judges nothing (no compared
     runs, no paired timings), or when a selected run failed (unless it says allow_failed)."""
     verdicts = []
@@ -80,6 +101,8 @@ def evaluate(rules: list[Expectation], summary: pd.DataFrame, cost: pd.DataFrame
             verdicts.append(Verdict(label, False, "matches no cell: no results match 'where'"))
             continue
         problems, judged = _judge(rule, cells, cost)
+        more, counted = _judge_answers(rule, answers if answers is not None else pd.DataFrame())
+        problems, judged = problems + more, judged + counted
         failed = int(cells["n_failed"].sum())
         if failed and not rule.allow_failed and rule.status != "failed":
             first = cells[cells["n_failed"] > 0].iloc[0]

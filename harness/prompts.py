@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness import yamlsrc
+from harness.answers import KINDS, ParseRule
 from harness.errors import ConfigError
 
 
@@ -17,6 +19,18 @@ from harness.errors import ConfigError
 class Prompt:
     id: str
     text: str
+    #: the expected answer, and how to read one from an output (harness.answers); both optional
+    answer: str | None = None
+    parse: ParseRule | None = None
+
+    def as_data(self) -> dict[str, Any]:
+        """The prompt as plain data (an experiment snapshot holds it)."""
+        out: dict[str, Any] = {"id": self.id, "text": self.text}
+        if self.answer is not None:
+            out["answer"] = self.answer
+        if self.parse is not None:
+            out["parse"] = self.parse.model_dump(mode="json")
+        return out
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,8 @@ class PromptSet:
         for group in (self.prompts, self.fillers):
             for p in group:
                 digest.update(f"{p.id}\0{p.text}\0".encode())
+                if p.answer is not None or p.parse is not None:  # only then: older ids stay valid
+                    digest.update(f"answer\0{p.answer}\0{p.parse.key() if p.parse else ''}\0".encode())
             digest.update(b"\1")
         return digest.hexdigest()[:16]
 
@@ -50,20 +66,34 @@ def _filler_prompts(texts: list[str]) -> tuple[Prompt, ...]:
     return tuple(Prompt(f"filler-{i:02d}", t) for i, t in enumerate(texts))
 
 
-def prompt_set_from_inline(prompts: list[tuple[str, str]], fillers: list[str]) -> PromptSet:
-    return PromptSet(tuple(Prompt(i, t) for i, t in prompts), _filler_prompts(fillers))
+def prompt_set_from_inline(prompts: list[Prompt], fillers: list[str]) -> PromptSet:
+    return PromptSet(tuple(prompts), _filler_prompts(fillers))
 
 
-class _PromptItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PromptItem(BaseModel):
+    """One prompt as written in a file or inline: an id, its text, optionally its answer and parse rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     text: str = Field(min_length=1)
+    answer: str | int | float | None = None
+    parse: ParseRule | None = None
+
+    def prompt(self, default_rule: ParseRule | None) -> Prompt:
+        return Prompt(self.id, self.text, None if self.answer is None else str(self.answer),
+                      self.parse or (default_rule if self.answer is not None else None))
+
+
+def answer_rule_errors(items: list[PromptItem], default_rule: ParseRule | None) -> list[int]:
+    """Indexes of prompts that give an answer but no rule to read it with."""
+    return [i for i, p in enumerate(items) if p.answer is not None and p.parse is None and default_rule is None]
 
 
 class _PromptFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    prompts: list[_PromptItem] = Field(min_length=1)
+    prompts: list[PromptItem] = Field(min_length=1)
     fillers: list[str] = []
+    parse: ParseRule | None = Field(default=None, description="the parse rule of every prompt that gives none")
 
 
 def load_prompt_set(ref: str, base: Path, where: str) -> PromptSet:
@@ -75,17 +105,34 @@ def load_prompt_set(ref: str, base: Path, where: str) -> PromptSet:
     try:
         parsed = _PromptFile.model_validate(source.data)
     except ValidationError as exc:
-        hints = {"prompts": "allowed: id, text", "fillers": "fillers are plain strings"}
+        hints = {"prompts": "allowed: id, text, answer, parse", "fillers": "fillers are plain strings",
+                 "parse": f"a rule: one of {', '.join(KINDS)}, or {{kind, options, pattern, field}}"}
         raise ConfigError(yamlsrc.validation_message(source, exc, hints=hints)) from None
     ids = [p.id for p in parsed.prompts]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ConfigError(f"{path}: prompts: duplicate id(s) {', '.join(dupes)}")
+    for index in answer_rule_errors(parsed.prompts, parsed.parse):
+        raise ConfigError(f"{source.where(('prompts', index))}: prompts[{index}]: an answer needs a parse rule; "
+                          f"give 'parse' here or at the top of the file (one of {', '.join(KINDS)})")
     return PromptSet(
-        tuple(Prompt(p.id, p.text) for p in parsed.prompts),
+        tuple(p.prompt(parsed.parse) for p in parsed.prompts),
         _filler_prompts(parsed.fillers),
         source=str(path),
     )
+
+
+def merge_prompt_sets(sets: list[PromptSet], where: str) -> PromptSet:
+    """Several prompt files as one set (prompts and fillers in file order); ids must not repeat."""
+    if len(sets) == 1:
+        return sets[0]
+    prompts = [p for s in sets for p in s.prompts]
+    ids = [p.id for p in prompts]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"{where}: prompts: the id(s) {', '.join(dupes)} appear in more than one file")
+    fillers = [f.text for s in sets for f in s.fillers]
+    return PromptSet(tuple(prompts), _filler_prompts(fillers), source=", ".join(s.source for s in sets))
 
 
 @dataclass(frozen=True)

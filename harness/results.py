@@ -228,6 +228,10 @@ class Results:
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
         return self.folder.store.tokens_for(hashes, self.cell_ids)
 
+    def answer_prompts(self) -> set[str]:
+        """Ids of the prompts that carry a parse rule (answer statistics are about those)."""
+        return {p.id for e in self.folder.experiments() for p in e.prompt_set.prompts if p.parse is not None}
+
 
 def open_results(root: Path, all_cells: bool = False) -> Results:
     """Open a results folder for reading: the current experiment's cells (all cells on disk with `all_cells`)."""

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import harness
 from harness.errors import HarnessError
 
-#: 2 added token_texts and the probe_* columns; version-1 files read back with those empty
-SCHEMA_VERSION = 2
+#: 2 added token_texts and the probe_* columns; 3 the answer_* columns. Older files read back
+#: with the newer columns empty.
+SCHEMA_VERSION = 3
 
 #: The row contract (README "Rows"). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -61,6 +62,10 @@ ROW_SCHEMA = pa.schema(
         ("logprobs", pa.list_(pa.float32())),
         ("margins", pa.list_(pa.float32())),
         ("engine_detail", pa.string()),
+        # answers (prompts that give an answer and/or a parse rule)
+        ("answer_parsed", pa.string()),
+        ("answer_expected", pa.string()),
+        ("answer_correct", pa.bool_()),
         # logit probes (probe_logits: true), against the same prompt decoded alone
         ("probe_reference", pa.string()),
         ("probe_steps", pa.int32()),

@@ -112,6 +112,7 @@ class GroupRunner:
         return "; ".join([describe_exception(exc)] + causes)
 
     def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> list[dict[str, Any]]:
+        from harness import answers
         from harness.engines.base import Unsupported
         from harness.prompts import compose_batch
 
@@ -135,10 +136,11 @@ class GroupRunner:
                 texts = [p.text for p in batch.prompts]
                 try:
                     if probes is None:
-                        rows.append(self.rows.ok(base, engine.generate(texts, batch.target_position, sampling)))
+                        out, probe_cols = engine.generate(texts, batch.target_position, sampling), {}
                     else:
                         out, probe_cols = probes.generate(texts, batch.target_position, sampling)
-                        rows.append(self.rows.ok(base, out) | probe_cols)
+                    found = answers.columns(out.target.text, prompt.answer, prompt.parse)
+                    rows.append(self.rows.ok(base, out) | probe_cols | found)
                 except Unsupported as exc:  # the engine's declared rules refuse this, before running it
                     rows.append(base | {"status": "unsupported", "error": str(exc)})
                 except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on

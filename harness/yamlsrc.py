@@ -91,8 +91,9 @@ def format_loc(loc: Loc) -> str:
 
 
 def _clean_loc(loc: Loc) -> Loc:
-    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptSpec]'."""
-    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in {"str", "function-after"})))
+    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptItem]'."""
+    markers = {"str", "int", "float", "function-after", "function-before"}
+    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in markers)))
 
 
 def validation_message(

@@ -6,7 +6,7 @@ Every chart is a small table, so a paper's figure can be redrawn or checked from
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -26,6 +26,8 @@ class Charts:
     slowdown: pd.DataFrame  # metrics.slowdown
     reference: str
     varying: list[str]  # the axes that vary in these results (they name the series)
+    #: answer_metrics.answer_summary, with a series label (empty without prompts that carry answers)
+    answers: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
@@ -60,10 +62,17 @@ def step_value(values: Any, k: int) -> float | None:
 
 
 def compute(
-    rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any], allow_mixed: frozenset[str] = frozenset()
+    rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any], allow_mixed: frozenset[str] = frozenset(),
+    answer_prompts: set[str] = frozenset(),
 ) -> Charts:
-    """`rows`: all rows (with margins); `annotated`: metrics.against_reference of them."""
+    """`rows`: all rows (with margins); `annotated`: metrics.against_reference of them;
+    `answer_prompts`: the prompts that carry a parse rule."""
+    from harness.answer_metrics import answer_summary
+
     varying = varying_axes(rows)
+    answers = answer_summary(rows, answer_prompts, reference)
+    if not answers.empty:
+        answers.insert(0, "series", series_labels(answers, varying))
     judged = annotated[annotated["matched"].notna()].copy()
     judged["series"] = series_labels(judged, varying)
     identical = (
@@ -96,4 +105,5 @@ def compute(
         slowdown=metrics.slowdown(rows, allow_mixed),
         reference=",".join(f"{k}={v}" for k, v in reference.items()),
         varying=varying,
+        answers=answers,
     )

@@ -89,7 +89,7 @@ def build(
     reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
     rows = store.read_rows()
     annotated = metrics.against_reference(rows, store.tokens_for, reference, allow_mixed)
-    chart = charts_mod.compute(rows, annotated, reference, allow_mixed)
+    chart = charts_mod.compute(rows, annotated, reference, allow_mixed, store.answer_prompts())
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 
     runs = []
@@ -138,6 +138,7 @@ def build(
             "margins": _records(chart.margins),
             "slowdown": _records(chart.slowdown),
             "probes": _probe_table(rows, chart.varying),
+            "answers": _records(chart.answers),
         },
     }
 

@@ -74,13 +74,31 @@ def slowdown(ch: Charts):
     return plt, fig
 
 
+def answers(ch: Charts):
+    a = ch.answers.dropna(subset=["accuracy"])
+    plt, (fig, ax) = _figure(len(a))
+    labels = [f"{r.series} · batch {r.batch_size}" for r in a.itertuples()][::-1]
+    acc = a["accuracy"].to_numpy()[::-1]
+    err = [acc - a["accuracy_low"].to_numpy()[::-1], a["accuracy_high"].to_numpy()[::-1] - acc]
+    bars = ax.barh(labels, acc, xerr=err, color="#0f766e", alpha=0.85, capsize=3)
+    ax.bar_label(bars, [f"{v:.1%}" for v in acc], padding=8)
+    ax.set_xlim(0, 1.1)
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    ax.set_xlabel("accuracy (mean over prompts; bootstrap 95% interval over prompts)")
+    ax.set_title("Accuracy per setting")
+    return plt, fig
+
+
 #: chart name (also the Charts field it draws) -> drawing function
-CHARTS = {"identical": identical, "divergence": divergence, "margins": margins, "slowdown": slowdown}
+CHARTS = {"identical": identical, "divergence": divergence, "margins": margins, "slowdown": slowdown,
+          "answers": answers}
 
 
 def _plottable(ch: Charts, name: str):
     data = getattr(ch, name)
-    return data.dropna(subset=["margin_run", "margin_reference"]) if name == "margins" else data
+    if name == "margins":
+        return data.dropna(subset=["margin_run", "margin_reference"])
+    return data.dropna(subset=["accuracy"]) if name == "answers" and not data.empty else data
 
 
 def write(ch: Charts, out: Path, formats: tuple[str, ...] = FORMATS) -> tuple[list[Path], list[str]]:

@@ -120,3 +120,27 @@ def probe_table(probes: pd.DataFrame, title: str) -> Table:
             _fmt(rec["low_margin_frac"], "pct1"),
         )
     return table
+
+
+def answer_table(answers: pd.DataFrame, title: str) -> Table:
+    """Answer-level statistics per setting: agreement, accuracy with its interval, change vs the reference."""
+    varying = [c for c in KEY_COLUMNS if c in answers and answers[c].astype(str).nunique() > 1] or ["engine"]
+    table = Table(title=title, title_justify="left")
+    for col in varying + ["prompts", "TARr", "TARa", "accuracy [95% CI]", "best/worst", "answers = ref",
+                          "prompts changed", "acc. diff [95% CI]", "len spread"]:
+        table.add_column(SHORT.get(col, col), justify="right")
+    for rec in answers.to_dict("records"):
+        table.add_row(
+            *[_fmt(rec[c]) for c in varying],
+            _fmt(rec["prompts"], "int"),
+            _fmt(rec["tar_r"], "pct"),
+            _fmt(rec["tar_a"], "pct"),
+            f"{_fmt(rec['accuracy'], 'pct1')} [{_fmt(rec['accuracy_low'], 'pct1')}, {_fmt(rec['accuracy_high'], 'pct1')}]",
+            f"{_fmt(rec['best'], 'pct')}/{_fmt(rec['worst'], 'pct')}",
+            _fmt(rec["answer_agreement"], "pct1"),
+            _fmt(rec["prompts_changed"], "pct1"),
+            "-" if pd.isna(rec["accuracy_diff"]) else
+            f"{100 * rec['accuracy_diff']:+.1f} [{100 * rec['diff_low']:+.1f}, {100 * rec['diff_high']:+.1f}]",
+            _fmt(rec["length_spread_median"], "f1"),
+        )
+    return table

@@ -152,10 +152,25 @@
           el("td", { class: "num", text: `${r.logits_differed} of ${r.logits_compared}` }), el("td", { class: "num", text: pct(r.moved_share) }),
           el("td", { class: "num", text: num(r.max_abs_diff) }), el("td", { class: "num", text: pct(r.low_margin_frac) })))));
   }
+  function answerTable(recs) {
+    const box = document.getElementById("probe-body");
+    if (!recs || !recs.length) return;
+    const ci = (v, lo, hi) => v === null ? "–" : `${pct(v)} [${pct(lo)}, ${pct(hi)}]`;
+    const pts = (v) => v === null ? "–" : `${v >= 0 ? "+" : ""}${(100 * v).toFixed(1)}`;
+    box.append(el("h3", { id: "answers", text: `Answers (reference: ${recs[0].reference})` }),
+      el("table", {}, el("tr", {}, ["setting", "batch", "prompts", "TARr", "TARa", "accuracy [95% CI]", "best / worst", "answers = reference", "prompts changed", "accuracy diff, points [95% CI]"].map((t) => el("th", { text: t }))),
+        recs.map((r) => el("tr", {}, el("td", { text: r.series }), el("td", { class: "num", text: r.batch_size }), el("td", { class: "num", text: r.prompts }),
+          el("td", { class: "num", text: pct(r.tar_r) }), el("td", { class: "num", text: pct(r.tar_a) }),
+          el("td", { class: "num", text: ci(r.accuracy, r.accuracy_low, r.accuracy_high) }),
+          el("td", { class: "num", text: `${pct(r.best)} / ${pct(r.worst)}` }), el("td", { class: "num", text: pct(r.answer_agreement) }),
+          el("td", { class: "num", text: pct(r.prompts_changed) }),
+          el("td", { class: "num", text: r.accuracy_diff === null ? "–" : `${pts(r.accuracy_diff)} [${pts(r.diff_low)}, ${pts(r.diff_high)}]` })))));
+  }
   function charts() {
     const c = DATA.charts;
     document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), slowdownChart(c.slowdown));
     probeTable(c.probes);
+    answerTable(c.answers);
   }
 
   // ---------- runs viewer ----------
