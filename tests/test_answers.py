@@ -11,7 +11,7 @@ from harness.answers import ParseRule
 from harness.config import load_experiment
 from harness.errors import ConfigError
 
-from .conftest import row_for, run_harness, synthetic_folder
+from .conftest import needs_llama, row_for, run_experiment, run_harness, synthetic_folder
 
 
 @pytest.mark.parametrize(("rule", "text", "expected"), [
@@ -199,3 +199,33 @@ def test_plot_and_report_show_answers(tmp_path):
     assert reported.returncode == 0, reported.stderr
     page = (tmp_path / "r.html").read_text()
     assert '"answers":[{' in page and '"tar_a":' in page and "answerTable" in page
+
+
+@needs_llama
+def test_real_rows_carry_the_parsed_answer(tmp_path):
+    experiment = """
+name: answers-real
+prompts:
+  - {id: sum, text: "What is 2 + 3? Answer with the number only.", answer: 5}
+  - {id: pick, text: "Which is a color? A) Blue B) Table. Answer with the letter.", answer: A,
+     parse: {kind: choice, options: [A, B]}}
+  - {id: free, text: "hello"}
+parse: number
+repeats: 2
+max_tokens: 8
+matrix:
+  model: [smollm2-135m]
+engine_options:
+  llamacpp: {n_threads: 2}
+"""
+    store = run_experiment(tmp_path, experiment)
+    rows = store.read_rows().set_index(["prompt_id", "repeat"])
+    assert (rows.status == "ok").all() and (rows.schema_version == 3).all()
+    number, choice = ParseRule.model_validate("number"), ParseRule.model_validate({"kind": "choice", "options": ["A", "B"]})
+    for repeat in (0, 1):
+        summed, picked = rows.loc[("sum", repeat)], rows.loc[("pick", repeat)]
+        assert summed.answer_expected == "5" and summed.answer_parsed == answers.parse(summed.text, number)
+        assert summed.answer_correct == (summed.answer_parsed == "5")
+        assert picked.answer_expected == "A" and picked.answer_parsed == answers.parse(picked.text, choice)
+    free = rows.loc[("free", 0)]
+    assert pd.isna(free.answer_expected) and pd.isna(free.answer_parsed) and pd.isna(free.answer_correct)
