@@ -103,12 +103,19 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
     return table
 
 
+def _per_setting(frame: pd.DataFrame, title: str, headers: list[str]) -> tuple[Table, list[str]]:
+    """A table with one row per setting: the axes that vary in `frame`, then `headers`."""
+    varying = [c for c in KEY_COLUMNS if c in frame and frame[c].astype(str).nunique() > 1] or ["engine"]
+    table = Table(title=title, title_justify="left")
+    for col in varying + headers:
+        table.add_column(SHORT.get(col, col), justify="right")
+    return table, varying
+
+
 def probe_table(probes: pd.DataFrame, title: str) -> Table:
     """Logit probes per setting: steps compared, how many logits moved, the largest move."""
-    varying = [c for c in KEY_COLUMNS if c in probes and probes[c].astype(str).nunique() > 1] or ["engine"]
-    table = Table(title=title, title_justify="left")
-    for col in varying + ["runs", "steps", "steps moved", "logits moved", "max |d|", "margin<0.1"]:
-        table.add_column(SHORT.get(col, col), justify="right")
+    table, varying = _per_setting(probes, title, ["runs", "steps", "steps moved", "logits moved", "max |d|",
+                                                  "margin<0.1"])
     for rec in probes.to_dict("records"):
         table.add_row(
             *[_fmt(rec[c]) for c in varying],
@@ -124,11 +131,9 @@ def probe_table(probes: pd.DataFrame, title: str) -> Table:
 
 def answer_table(answers: pd.DataFrame, title: str) -> Table:
     """Answer-level statistics per setting: agreement, accuracy with its interval, change vs the reference."""
-    varying = [c for c in KEY_COLUMNS if c in answers and answers[c].astype(str).nunique() > 1] or ["engine"]
-    table = Table(title=title, title_justify="left")
-    for col in varying + ["prompts", "TARr", "TARa", "accuracy [95% CI]", "best/worst", "answers = ref",
-                          "prompts changed", "acc. diff [95% CI]", "len spread"]:
-        table.add_column(SHORT.get(col, col), justify="right")
+    table, varying = _per_setting(answers, title, ["prompts", "TARr", "TARa", "accuracy [95% CI]", "best/worst",
+                                                   "answers = ref", "prompts changed", "acc. diff [95% CI]",
+                                                   "len spread"])
     for rec in answers.to_dict("records"):
         table.add_row(
             *[_fmt(rec[c]) for c in varying],
