@@ -186,7 +186,7 @@ class ResultsFolder:
         found = self.experiments()
         if len(found) != 1:
             what = "no experiment" if not found else f"{len(found)} experiments (a merge of different ones)"
-            raise HarnessError(f"{self.root}: the manifest holds {what}; give the experiment with --experiment FILE")
+            raise HarnessError(f"{self.root}: the manifest holds {what}; name an experiment file instead")
         return found[0]
 
     def current_cells(self) -> list[Cell]:
