@@ -28,11 +28,16 @@ ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
 BOOTSTRAP = 2000
 
 
-def per_prompt(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:
-    """One record per setting and prompt (ok rows of prompts with a parse rule)."""
+def answered(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:
+    """The ok rows of prompts with a parse rule, with `answer_key` ('no answer found' is an answer too)."""
+    ok = rows[(rows["status"] == "ok") & rows["prompt_id"].isin(set(prompts))]
+    return ok.assign(answer_key=ok["answer_parsed"].fillna("\0none"))
+
+
+def per_prompt(ok: pd.DataFrame) -> pd.DataFrame:
+    """One record per setting and prompt, from `answered` rows."""
     keys = list(KEY_COLUMNS)
-    ok = rows[(rows["status"] == "ok") & rows["prompt_id"].isin(set(prompts))].copy()
-    ok["answer_key"] = ok["answer_parsed"].fillna("\0none")  # 'no answer found' is an answer too
+    ok = ok.copy()
     ok["right"] = ok["answer_correct"].astype("boolean").astype("Float64")
     first = ok.sort_values("repeat").drop_duplicates(keys + ["prompt_id"])[keys + ["prompt_id", "answer_key"]]
     g = ok.groupby(keys + ["prompt_id"], dropna=False)
@@ -63,14 +68,13 @@ def answer_summary(
 ) -> pd.DataFrame:
     """One record per setting: answer agreement, accuracy with intervals, and the change against the reference."""
     keys = list(KEY_COLUMNS)
-    table = per_prompt(rows, prompts)
+    ok = answered(rows, prompts)
+    table = per_prompt(ok)
     columns = keys + ["prompts", "runs", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high", "best",
                       "worst", "spread", "answer_agreement", "prompts_changed", "accuracy_diff", "diff_low",
                       "diff_high", "length_spread_median", "length_spread_max", "reference"]
     if table.empty:
         return pd.DataFrame(columns=columns)
-    ok = rows[(rows["status"] == "ok") & rows["prompt_id"].isin(set(prompts))]
-    ok = ok.assign(answer_key=ok["answer_parsed"].fillna("\0none"))
     records = []
     by_setting = {k: part for k, part in table.groupby(keys, dropna=False, sort=True)}
     label = ",".join(f"{k}={v}" for k, v in reference.items())

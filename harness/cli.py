@@ -175,14 +175,15 @@ def run(
     folder = ResultsFolder(out)
     console = _console()
     console.print(f"[bold]{loaded.experiment.name}[/bold] -> {out}")
-    adoption = folder.adopt(loaded)
-    if adoption.replaced:
-        console.print(
-            f"[yellow]note[/yellow]: {out} held another version of experiment(s) {', '.join(adoption.replaced)}; "
-            f"{len(adoption.stale)} cell(s) on disk are now stale: kept, listed by 'harness status', left out of statistics"
-        )
     with RichReporter(console) as reporter:
         runner = Runner(loaded, folder, reporter, group_timeout_s=timeout)
+        adoption = runner.adoption
+        if adoption.replaced:
+            reporter.log(
+                f"[yellow]note[/yellow]: {out} held another version of experiment(s) {', '.join(adoption.replaced)}; "
+                f"{len(adoption.stale)} cell(s) on disk are now stale: kept, listed by 'harness status', left out of "
+                "statistics"
+            )
         try:
             result = runner.run(force=force, selection=selection)
         except KeyboardInterrupt:

@@ -40,15 +40,17 @@ def _judge_answers(rule: Expectation, answers: pd.DataFrame) -> tuple[list[str],
     """Answer rules, on the per-setting answer statistics the rule's `where` selects."""
     problems: list[str] = []
     judged = 0
-    chosen = _where(answers, rule.where) if not answers.empty else answers
+    if answers.empty:
+        return problems, judged
+    chosen = _where(answers, rule.where)
     if rule.accuracy_drop_max is not None:
-        paired = chosen[chosen["accuracy_diff"].notna()] if not chosen.empty else chosen
+        paired = chosen[chosen["accuracy_diff"].notna()]
         judged += len(paired)
         for r in paired[-paired["accuracy_diff"] > rule.accuracy_drop_max].itertuples():
             problems.append(f"batch {r.batch_size} {r.dtype}: accuracy {100 * r.accuracy_diff:+.1f} points against "
                             f"{r.reference} (95% CI {100 * r.diff_low:+.1f} to {100 * r.diff_high:+.1f})")
     if rule.answer_agreement_min is not None:
-        agreed = chosen[chosen["answer_agreement"].notna()] if not chosen.empty else chosen
+        agreed = chosen[chosen["answer_agreement"].notna()]
         judged += len(agreed)
         for r in agreed[agreed["answer_agreement"] < rule.answer_agreement_min].itertuples():
             problems.append(f"batch {r.batch_size} {r.dtype}: {100 * r.answer_agreement:.1f}% of answers equal "

@@ -98,9 +98,11 @@ class ResultsFolder:
         return data
 
     def _update(self, change: Any) -> dict[str, Any]:
+        """Apply `change` to the manifest under the lock; nothing is written when it returns False."""
         with self._locked():
             data = self.manifest()
-            change(data)
+            if change(data) is False:
+                return data
             data["schema_version"] = max(int(data.get("schema_version", 0)), SCHEMA_VERSION)
             data["harness_version"] = harness.__version__
             self.store.write_meta(MANIFEST, json.dumps(data, indent=1, sort_keys=True))
@@ -114,9 +116,9 @@ class ResultsFolder:
         fp = fingerprint(loaded)
         replaced: list[str] = []
 
-        def change(data: dict[str, Any]) -> None:
+        def change(data: dict[str, Any]) -> bool:
             if [e["fingerprint"] for e in data["experiments"]] == [fp]:
-                return
+                return False
             replaced.extend(e["name"] for e in data["experiments"])
             data["experiments"] = [{
                 "fingerprint": fp,
@@ -126,9 +128,12 @@ class ResultsFolder:
                 "adopted_at": datetime.now(timezone.utc).isoformat(),
                 "snapshot": loaded.snapshot,
             }]
+            return True
 
+        created = not self.has_manifest()
         self._update(change)
-        self.store.write_meta("experiment.yaml", _as_yaml(loaded.snapshot))
+        if replaced or created or not (self.root / "experiment.yaml").is_file():
+            self.store.write_meta("experiment.yaml", _as_yaml(loaded.snapshot))
         return Adoption(replaced, self.stale_ids() if replaced else [])
 
     def register(self, cell_id: str, statuses: Iterable[str], run_id: str) -> None:
@@ -214,6 +219,7 @@ class Results:
     """What a reader sees of a folder: the rows of its chosen cells, and which cells were left out."""
 
     folder: ResultsFolder
+    experiments: list[LoadedExperiment]  # the folder's current experiments, loaded once
     cell_ids: list[str]  # the cells read (present on disk)
     stale: list[str]  # cells on disk left out (or read, with all_cells)
     all_cells: bool
@@ -230,7 +236,7 @@ class Results:
 
     def answer_prompts(self) -> set[str]:
         """Ids of the prompts that carry a parse rule (answer statistics are about those)."""
-        return {p.id for e in self.folder.experiments() for p in e.prompt_set.prompts if p.parse is not None}
+        return {p.id for e in self.experiments for p in e.prompt_set.prompts if p.parse is not None}
 
 
 def open_results(root: Path, all_cells: bool = False) -> Results:
@@ -244,12 +250,13 @@ def open_results(root: Path, all_cells: bool = False) -> Results:
             f"'harness run EXPERIMENT --out {root}': finished cells of that experiment are kept, others become stale"
         )
     on_disk = [p.stem for p in folder.store.cell_files()]
-    current = {c.id for c in folder.current_cells()}
+    experiments = folder.experiments()
+    current = {c.id for loaded in experiments for c in expand(loaded)}
     stale = [c for c in on_disk if c not in current]
     chosen = on_disk if all_cells else [c for c in on_disk if c in current]
     if not chosen:
         raise HarnessError(
             f"{root}: none of the {len(on_disk)} cell(s) on disk belongs to the current experiment "
-            f"({', '.join(e.experiment.name for e in folder.experiments())}); run it, or read them with --all-cells"
+            f"({', '.join(e.experiment.name for e in experiments)}); run it, or read them with --all-cells"
         )
-    return Results(folder, chosen, stale, all_cells)
+    return Results(folder, experiments, chosen, stale, all_cells)

@@ -62,6 +62,8 @@ class Runner:
         self.reporter = reporter or SilentReporter()
         self.group_timeout_s = group_timeout_s
         self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        #: the folder now holds this experiment; what it held before (if other) went stale
+        self.adoption = folder.adopt(loaded)
 
     def _account(self, cells: list[Cell], result: RunResult) -> None:
         for cell in cells:
@@ -102,7 +104,6 @@ class Runner:
     def run(self, force: bool = False, selection: Selection | None = None) -> RunResult:
         """Run every selected cell not already done; each finished cell is on disk before the next."""
         chosen = apply(group(expand(self.loaded)), selection or Selection())
-        self.folder.adopt(self.loaded)
         self.store.clean_stale()
         result = RunResult()
         todo: list[tuple[Group, list[Cell]]] = []

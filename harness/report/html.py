@@ -79,7 +79,7 @@ def _probe_table(rows: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]
 
 def _prompt_texts(results: Results) -> dict[str, str]:
     """Prompt texts by id from the experiment snapshot(s) in the folder's manifest."""
-    return {p.id: p.text for loaded in results.folder.experiments() for p in loaded.prompt_set.prompts}
+    return {p.id: p.text for loaded in results.experiments for p in loaded.prompt_set.prompts}
 
 
 def build(
@@ -113,7 +113,7 @@ def build(
             "error": r.error or "", "s": {a: _plain(getattr(r, a)) for a in AXES}, "ref": False,
         })
 
-    descriptions = [e.experiment.description for e in store.folder.experiments() if e.experiment.description]
+    descriptions = [e.experiment.description for e in store.experiments if e.experiment.description]
     return {
         "meta": {
             "experiment": _distinct(rows["experiment"]),
