@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -102,3 +103,11 @@ def test_acceptance_script_runs_its_cpu_subset_without_a_gpu(tmp_path):
     assert (out / "report.html").stat().st_size > 0
     assert 'failures="0"' in (out / "junit.xml").read_text()
     assert "every cell run is done" in done.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+def test_real_vllm_probe_says_batch_invariant_mode_cannot_run_on_this_cpu(tmp_path):
+    done = _doctor(str(ROOT / "configs" / "cpu-vllm-batch-invariant.yaml"), env=_no_gpu_env(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "vllm: vllm " in done.stdout and "on platform cpu" in done.stdout
+    assert "MISSING vllm batch-invariant: needs a CUDA GPU of compute capability 8.0 or more" in done.stdout
