@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from harness.metrics import KEY_COLUMNS
+from harness.metrics import KEY_COLUMNS, keys_of
 
 ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "output_hash", "n_tokens", "answer_parsed", "answer_expected",
@@ -36,7 +36,7 @@ def answered(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:
 
 def per_prompt(ok: pd.DataFrame) -> pd.DataFrame:
     """One record per setting and prompt, from `answered` rows."""
-    keys = list(KEY_COLUMNS)
+    keys = keys_of(ok)
     ok = ok.copy()
     ok["right"] = ok["answer_correct"].astype("boolean").astype("Float64")
     first = ok.sort_values("repeat").drop_duplicates(keys + ["prompt_id"])[keys + ["prompt_id", "answer_key"]]
@@ -67,7 +67,7 @@ def answer_summary(
     rows: pd.DataFrame, prompts: Iterable[str], reference: dict[str, Any], seed: int = 0
 ) -> pd.DataFrame:
     """One record per setting: answer agreement, accuracy with intervals, and the change against the reference."""
-    keys = list(KEY_COLUMNS)
+    keys = keys_of(rows)
     ok = answered(rows, prompts)
     table = per_prompt(ok)
     columns = keys + ["prompts", "runs", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high", "best",

@@ -70,7 +70,7 @@ def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all
     ref = metrics.parse_reference(reference or [])
     columns = list(dict.fromkeys(metrics.ROW_COLUMNS + answer_metrics.ANSWER_ROW_COLUMNS))
     rows = results.read_rows(columns=columns)
-    summary = metrics.summarize(rows, results.tokens_for, ref, mixed)
+    summary = metrics.summarize(rows, results.tokens_for, ref, mixed, results.logprobs_for)
     cost = metrics.slowdown(rows, mixed)
     probes = metrics.probe_summary(rows)
     answers = answer_metrics.answer_summary(rows, results.answer_prompts(), ref)
@@ -102,7 +102,7 @@ def plan(
     experiment: Path = typer.Argument(..., help="Experiment YAML file."),
 ) -> None:
     """Show the cells an experiment expands to and how they share engine loads; runs nothing."""
-    from harness.config import AXES, load_experiment
+    from harness.config import load_experiment
     from harness.matrix import expand, group
 
     loaded = load_experiment(experiment)
@@ -111,8 +111,8 @@ def plan(
     exp = loaded.experiment
     per_cell = len(loaded.prompt_set.prompts) * exp.repeats
     console = _console()
-    varying = [a for a in AXES if len({str(c[a]) for c in cells}) > 1]
-    fixed = [f"{a}={cells[0][a]}" for a in AXES if a not in varying]
+    varying = [a for a in loaded.axes if len({str(c[a]) for c in cells}) > 1]
+    fixed = [f"{a}={cells[0][a]}" for a in loaded.axes if a not in varying]
     table = Table(title=f"{exp.name}: {len(cells)} cells in {len(groups)} engine load(s)", title_justify="left")
     for col in ["load", "cell"] + varying:
         table.add_column(col)
@@ -378,11 +378,12 @@ def compare(
     import pandas as pd
 
     from harness.compare import around_split, compare as run_compare
-    from harness.metrics import KEY_COLUMNS, parse_allow_mixed
+    from harness.config import option_axis
+    from harness.metrics import KEY_COLUMNS, keys_of, parse_allow_mixed
 
     for axis in ignore:
-        if axis not in KEY_COLUMNS:
-            raise HarnessError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}")
+        if axis not in KEY_COLUMNS and option_axis(axis) is None:
+            raise HarnessError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}, or ENGINE.OPTION")
     result = run_compare(_results(a, all_cells), _results(b, all_cells), tuple(ignore), parse_allow_mixed(allow_mixed))
     if fmt == "json":
         sys.stdout.write(result.runs.to_json(orient="records", indent=1) + "\n")
@@ -393,7 +394,7 @@ def compare(
     console = _console()
     for what, in_a, in_b in result.context:
         console.print(f"[yellow]differs[/yellow] {what}: A {escape(in_a)} | B {escape(in_b)}")
-    keys = [k for k in KEY_COLUMNS if k not in ignore]
+    keys = keys_of(result.per_setting, drop=ignore)
     shown = [k for k in keys if result.per_setting[k].astype(str).nunique() > 1] or ["engine"]
     table = Table(title=f"prompts changed: {b} vs {a} (first repeat)", title_justify="left")
     for col in shown + ["prompts", "changed", "first divergence"]:

@@ -12,7 +12,7 @@ from typing import Sequence
 import pandas as pd
 
 from harness.errors import HarnessError
-from harness.metrics import IMPLIED_BY_AXIS, KEY_COLUMNS, PROVENANCE_COLUMNS, first_divergence, refuse_mixed
+from harness.metrics import IMPLIED_BY_AXIS, KEY_COLUMNS, PROVENANCE_COLUMNS, first_divergence, keys_of, refuse_mixed
 from harness.results import Results
 
 #: where and with what each folder was made; every one that differs is shown beside the comparison
@@ -51,9 +51,12 @@ def compare(
 ) -> Comparison:
     """Runs of A and B with equal settings (but the ignored axes), paired; provenance that differs
     between a pair is refused unless an ignored axis implies it or `allow_mixed` names it."""
-    keys = [k for k in KEY_COLUMNS if k not in ignore]
     rows_a = a.read_rows(columns=COLUMNS)
     rows_b = b.read_rows(columns=COLUMNS)
+    for frame, other in ((rows_a, rows_b), (rows_b, rows_a)):  # an option swept on one side only: empty
+        for column in set(keys_of(other)) - set(frame.columns):
+            frame[column] = None
+    keys = keys_of(rows_a, drop=ignore)
     rows_a, rows_b = rows_a[rows_a.status == "ok"], rows_b[rows_b.status == "ok"]
     match = keys + ["prompt_id", "repeat"]
     for name, rows in (("A", rows_a), ("B", rows_b)):

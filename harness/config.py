@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
 from harness import yamlsrc
 from harness.engines import ENGINE_NAMES, options_model
@@ -33,7 +33,17 @@ AXES: tuple[str, ...] = (
     "temperature",
     "top_p",
     "top_k",
+    "prefix_cache",
+    "context_tokens",
+    "prefill_chunk",
+    "kv_cache_dtype",
 )
+
+#: Axes added after results existed: a cell at their default keeps the id it had before them.
+LATER_AXES_DEFAULTS: dict[str, Any] = {"prefix_cache": "off", "context_tokens": 0, "prefill_chunk": "auto",
+                                       "kv_cache_dtype": "auto"}
+PREFIX_CACHE_MODES = ("off", "cold", "warm")
+KV_CACHE_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "fp8")
 
 DTYPE_ALIASES = {
     "auto": "auto",
@@ -56,7 +66,37 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"),
     "top_k": (lambda v: v >= 0, "0 (off) or more"),
     "seed": (lambda v: 0 <= v < 2**32, "0 to 2**32-1"),
+    "context_tokens": (lambda v: 0 <= v <= 1_048_576, "0 (no shared context) to 1048576"),
 }
+
+
+def option_axis(name: str) -> tuple[str, str] | None:
+    """'ENGINE.OPTION' -> (engine, option) when it names a known engine; None for other names."""
+    engine, dot, option = str(name).partition(".")
+    return (engine, option) if dot and engine in ENGINE_NAMES and option else None
+
+
+def option_value(name: str, value: Any) -> tuple[Any, str]:
+    """One value of an engine-option axis, checked by the engine's own option schema.
+
+    Returns (the typed value the engine gets, its canonical text: the row column's value).
+    Raises ValueError naming what is allowed.
+    """
+    engine, option = option_axis(name) or ("", "")
+    fields = options_model(engine).model_fields if engine else {}
+    if option not in fields:
+        raise ValueError(f"'{name}' is not an option of engine '{engine}'; allowed: "
+                         + ", ".join(f"{engine}.{k}" for k in fields))
+    adapter = TypeAdapter(fields[option].rebuild_annotation())
+    # YAML reads a bare on/off as true/false: an option spelled 'on' / 'off' gets its word back
+    tries = [value] + (["on" if value else "off"] if isinstance(value, bool) else [])
+    for attempt in tries:
+        try:
+            typed = adapter.validate_python(attempt)
+            return typed, str(typed)
+        except ValidationError as exc:
+            error = exc
+    raise ValueError(f"{name} {value!r}: {error.errors()[0]['msg']}") from None
 
 
 def _as_list(value: Any) -> Any:
@@ -80,11 +120,39 @@ class Matrix(Strict):
     temperature: list[float] = Field(default=[0.0], min_length=1)
     top_p: list[float] = Field(default=[1.0], min_length=1)
     top_k: list[int] = Field(default=[0], min_length=1)
+    prefix_cache: list[str] = Field(default=["off"], min_length=1)
+    context_tokens: list[int] = Field(default=[0], min_length=1)
+    prefill_chunk: list[str] = Field(default=["auto"], min_length=1)
+    kv_cache_dtype: list[str] = Field(default=["auto"], min_length=1)
 
     @field_validator("*", mode="before")
     @classmethod
     def _wrap(cls, value: Any) -> Any:
         return _as_list(value)
+
+    @field_validator("prefix_cache", "kv_cache_dtype", mode="before")
+    @classmethod
+    def _named(cls, values: Any, info: ValidationInfo) -> list[str]:
+        allowed = PREFIX_CACHE_MODES if info.field_name == "prefix_cache" else KV_CACHE_DTYPES
+        out = []
+        for value in _as_list(values):
+            text = str(value).lower() if not isinstance(value, bool) else ("on" if value else "off")
+            if text not in allowed:
+                raise ValueError(f"{info.field_name} '{value}' is not known; allowed: {', '.join(allowed)}")
+            out.append(text)
+        return out
+
+    @field_validator("prefill_chunk", mode="before")
+    @classmethod
+    def _chunk(cls, values: Any) -> list[str]:
+        out = []
+        for value in _as_list(values):
+            text = str(value).strip().lower()
+            if text != "auto" and not (text.isdigit() and int(text) >= 1):
+                raise ValueError(f"prefill_chunk '{value}': allowed: auto (the engine's default) or tokens per "
+                                 "prefill step, a whole number >= 1")
+            out.append(text if text == "auto" else str(int(text)))
+        return out
 
     @field_validator("engine")
     @classmethod
@@ -106,7 +174,7 @@ class Matrix(Strict):
             out.append(canonical)
         return out
 
-    @field_validator("batch_size", "temperature", "top_p", "top_k", "seed")
+    @field_validator("batch_size", "temperature", "top_p", "top_k", "seed", "context_tokens")
     @classmethod
     def _in_range(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
         ok, allowed = _RANGES[info.field_name]
@@ -148,8 +216,8 @@ class Cluster(Strict):
 
 
 #: the conditions an `expect:` rule may give
-CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "slowdown_max", "status",
-              "accuracy_drop_max", "answer_agreement_min")
+CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "divergence_rate_min",
+              "logprobs_identical_min", "slowdown_max", "status", "accuracy_drop_max", "answer_agreement_min")
 
 
 class Expectation(Strict):
@@ -160,6 +228,12 @@ class Expectation(Strict):
     unique_outputs: int | None = Field(None, ge=1, description="at most this many distinct outputs per cell and prompt")
     match_rate_min: float | None = Field(None, ge=0, le=1)
     divergence_rate_max: float | None = Field(None, ge=0, le=1)
+    divergence_rate_min: float | None = Field(
+        None, ge=0, le=1, description="negative control: at least this share of the selection's compared runs "
+        "diverge, and at least one, so the job proves it would catch a difference")
+    logprobs_identical_min: float | None = Field(
+        None, ge=0, le=1, description="at least this share of compared runs have tokens and every step's "
+        "log-probability bitwise equal to the reference's")
     slowdown_max: float | None = Field(None, gt=0, description="batch-invariant throughput ratio, off / on")
     status: str | None = Field(None, pattern="^(ok|failed|unsupported|skipped)$", description="every row has this status")
     accuracy_drop_max: float | None = Field(
@@ -167,6 +241,17 @@ class Expectation(Strict):
     answer_agreement_min: float | None = Field(
         None, ge=0, le=1, description="at least this share of runs give the reference run's answer")
     allow_failed: bool = Field(False, description="judge the runs that did not fail instead of failing the rule")
+
+
+class SharedContext(Strict):
+    """The text placed before every prompt (target and fillers) in cells with context_tokens > 0.
+
+    Each cell takes as many leading words of it as fit in `context_tokens` tokens of the
+    engine's tokenizer; without `text`, a seeded text of common words is generated.
+    """
+
+    text: str | None = Field(None, min_length=1, description="the shared context; default: generated from `seed`")
+    seed: int = Field(0, ge=0, description="seed of the generated context")
 
 
 class Experiment(Strict):
@@ -183,6 +268,13 @@ class Experiment(Strict):
     probe_logits: bool = Field(
         default=False, description="compare full logit vectors with a lone run of each prompt, step by step"
     )
+    probe_prefill: bool = Field(
+        default=False, description="llamacpp: prefill prompt + output in one pass and compare its logits with decoding's"
+    )
+    unseeded_fillers: bool = Field(
+        default=False, description="send the fillers of a batch without a seed (T > 0: does the target's seed hold?)"
+    )
+    context: SharedContext = SharedContext()
     matrix: Matrix
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
@@ -216,6 +308,13 @@ class LoadedExperiment(BaseModel):
     snapshot: dict[str, Any]
     #: the folder relative model paths are resolved against (the experiment file's folder)
     base: Path
+    #: engine options swept as axes ('llamacpp.flash_attn' -> canonical values), in file order
+    option_axes: dict[str, list[str]] = {}
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Every setting axis of this experiment: the fixed ones, then its swept engine options."""
+        return AXES + tuple(self.option_axes)
 
     @property
     def base_dir(self) -> Path:
@@ -227,9 +326,12 @@ def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tu
 
 
 def _check_entries(
-    source: yamlsrc.Source, section: str, entries: list[dict[str, Any]], loc_prefix: tuple | None = None
+    source: yamlsrc.Source, section: str, entries: list[dict[str, Any]], loc_prefix: tuple | None = None,
+    option_axes: dict[str, list[str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Validate include/exclude/where entries: keys are axes, values pass the axis' own checks."""
+    """Validate include/exclude/where entries: keys are axes (or swept engine options), values pass
+    the axis' own checks."""
+    option_axes = option_axes or {}
     out = []
     for index, entry in enumerate(entries):
         loc = loc_prefix or (section, index)
@@ -238,18 +340,68 @@ def _check_entries(
                 out.append({})
                 continue
             raise ConfigError(f"{source.where(loc)}: {section}[{index}]: empty entry")
-        unknown = [k for k in entry if k not in AXES]
+        unknown = [k for k in entry if k not in AXES and k not in option_axes and option_axis(k) is None]
         if unknown:
             raise ConfigError(
                 f"{source.where(loc + (unknown[0],))}: {yamlsrc.format_loc(loc + (unknown[0],))}: "
-                f"unknown axis; allowed: {', '.join(AXES)}"
+                f"unknown axis; allowed: {', '.join(AXES + tuple(option_axes))}"
             )
-        probe = {"model": ["x"], **{k: [v] for k, v in entry.items()}}
+        probe = {"model": ["x"], **{k: [v] for k, v in entry.items() if k in AXES}}
         try:
             checked = Matrix.model_validate(probe)
         except ValidationError as exc:
             raise ConfigError(_validation_message(source, exc, prefix=loc)) from None
-        out.append({k: getattr(checked, k)[0] for k in entry})
+        canonical = {k: getattr(checked, k)[0] for k in entry if k in AXES}
+        for key in entry:
+            if key not in AXES:
+                try:
+                    canonical[key] = option_value(key, entry[key])[1]
+                except ValueError as exc:
+                    raise ConfigError(f"{source.where(loc + (key,))}: {yamlsrc.format_loc(loc + (key,))}: {exc}") from None
+        out.append({k: canonical[k] for k in entry})
+    return out
+
+
+def _split_option_axes(source: yamlsrc.Source) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The experiment data without its 'ENGINE.OPTION' matrix keys, and those keys' raw values."""
+    data = source.data
+    matrix = data.get("matrix") if isinstance(data, dict) else None
+    if not isinstance(matrix, dict):
+        return data, {}
+    swept = {k: _as_list(v) for k, v in matrix.items() if "." in str(k)}
+    if not swept:
+        return data, {}
+    for key, values in swept.items():
+        if option_axis(key) is None:
+            raise ConfigError(f"{source.where(('matrix', key))}: matrix.{key}: not an engine option; write "
+                              f"ENGINE.OPTION with ENGINE one of {', '.join(ENGINE_NAMES)}")
+        if not values:
+            raise ConfigError(f"{source.where(('matrix', key))}: matrix.{key}: empty list; give at least one value")
+    rest = dict(data)
+    rest["matrix"] = {k: v for k, v in matrix.items() if k not in swept}
+    return rest, swept
+
+
+def _check_option_axes(
+    source: yamlsrc.Source, swept: dict[str, list[Any]], engine_options: dict[str, dict[str, Any]]
+) -> dict[str, list[str]]:
+    """Each swept option checked by its engine's schema (alone, then with the engine's other
+    options); returns the canonical values. Errors name the file, line and value."""
+    out: dict[str, list[str]] = {}
+    for key, values in swept.items():
+        engine, option = option_axis(key)  # type: ignore[misc]
+        canonical = []
+        for index, value in enumerate(values):
+            loc = ("matrix", key, index)
+            try:
+                typed, text = option_value(key, value)
+                options_model(engine).model_validate((engine_options.get(engine) or {}) | {option: typed})
+            except ValueError as exc:  # ValidationError is a ValueError
+                msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+                raise ConfigError(f"{source.where(loc)}: matrix.{key}[{index}]: {msg}") from None
+            if text not in canonical:
+                canonical.append(text)
+        out[key] = canonical
     return out
 
 
@@ -276,13 +428,15 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
     path = source.path
     if not isinstance(source.data, dict):
         raise ConfigError(f"{path}: expected a mapping with keys such as name, prompts, matrix")
+    data, swept = _split_option_axes(source)
     try:
-        experiment = Experiment.model_validate(source.data)
+        experiment = Experiment.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from None
 
     engine_options: dict[str, dict[str, Any]] = {}
     used = set(experiment.matrix.engine) | {e.get("engine") for e in experiment.include} | set(experiment.engine_options)
+    used |= {option_axis(k)[0] for k in swept}  # type: ignore[index]
     for engine in ENGINE_NAMES:
         if engine not in used:
             continue
@@ -313,13 +467,18 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
             raise ConfigError(f"{source.where(('prompts', index))}: prompts[{index}]: an answer needs a parse rule; "
                               "give 'parse' here or at the top of the experiment")
 
-    include = _check_entries(source, "include", experiment.include)
-    exclude = _check_entries(source, "exclude", experiment.exclude)
+    option_axes = _check_option_axes(source, swept, engine_options)
+    include = _check_entries(source, "include", experiment.include, option_axes=option_axes)
+    exclude = _check_entries(source, "exclude", experiment.exclude, option_axes=option_axes)
+    rules = []
     for index, rule in enumerate(experiment.expect):
-        _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"))
+        where = _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"),
+                               option_axes=option_axes)[0]
+        rules.append(rule.model_copy(update={"where": where}))  # canonical values, as rows hold them
         if all(getattr(rule, k) is None for k in CONDITIONS):
             raise ConfigError(f"{source.where(('expect', index))}: expect[{index}]: no condition; give one of "
                               f"{', '.join(CONDITIONS)}")
+    experiment = experiment.model_copy(update={"expect": rules})
 
     largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
     if largest > 1 and not prompt_set.fillers:
@@ -337,6 +496,7 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
         exclude=exclude,
         snapshot=_snapshot(source.data, prompt_set),
         base=base.resolve(),
+        option_axes=option_axes,
     )
 
 
@@ -351,6 +511,6 @@ def load_expectations(path: Path | str) -> list[Expectation]:
         rules = _ExpectFile.model_validate(source.data).expect
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from None
-    for index, rule in enumerate(rules):
-        _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"))
-    return rules
+    return [rule.model_copy(update={"where": _check_entries(source, "expect", [rule.where],
+                                                            loc_prefix=("expect", index, "where"))[0]})
+            for index, rule in enumerate(rules)]

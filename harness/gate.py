@@ -81,6 +81,21 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
         rate = compared["diverged"] / compared["compared"]
         bad = compared[~(rate <= rule.divergence_rate_max)]
         problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.diverged)}/{int(r.compared)} diverged" for r in bad.itertuples()]
+    if rule.divergence_rate_min is not None:
+        # The negative control: with the mode off a difference must be found, or the test tests
+        # nothing. Pooled over the selection (a control need not split every prompt), and never
+        # passed by zero divergences.
+        judged += len(compared)
+        diverged, total = int(compared["diverged"].sum()), int(compared["compared"].sum())
+        if total and (diverged == 0 or diverged / total < rule.divergence_rate_min):
+            problems.append(f"negative control: {diverged}/{total} compared runs diverged "
+                            f"(wants at least {rule.divergence_rate_min:g} and at least one)")
+    if rule.logprobs_identical_min is not None:
+        lp = cells[cells["logprobs_compared"].fillna(0) > 0] if "logprobs_compared" in cells else cells.iloc[0:0]
+        judged += len(lp)
+        bad = lp[~(lp["logprobs_identical"] >= rule.logprobs_identical_min)]
+        problems += [f"{r.prompt_id}@{r.cell_id}: {r.logprobs_identical:.3f} of runs with bitwise-equal "
+                     f"log-probabilities" for r in bad.itertuples()]
     if rule.slowdown_max is not None:
         where = {k: v for k, v in rule.where.items() if k != "batch_invariant"}
         pairs = _where(cost, where)

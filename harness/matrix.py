@@ -8,12 +8,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config import AXES, LoadedExperiment, Matrix
+from harness.config import AXES, LATER_AXES_DEFAULTS, LoadedExperiment, Matrix, option_axis, option_value
 from harness.engines.base import LoadSpec, Sampling
 from harness.errors import ConfigError
 
 #: Axes that need a new engine load when they change (the rest vary inside one engine).
-LOAD_AXES: tuple[str, ...] = ("engine", "model", "dtype", "gpu", "batch_invariant")
+LOAD_AXES: tuple[str, ...] = ("engine", "model", "dtype", "gpu", "batch_invariant", "prefill_chunk", "kv_cache_dtype")
 
 
 def _digest(payload: dict[str, Any], size: int = 12) -> str:
@@ -46,11 +46,14 @@ class Cell:
             gpu=s["gpu"],
             batch_invariant=s["batch_invariant"],
             options=dict(self.engine_options),
+            prefill_chunk=s["prefill_chunk"],
+            kv_cache_dtype=s["kv_cache_dtype"],
+            prefix_caching=s["prefix_cache"] != "off",
         )
 
-    def sampling(self, max_tokens: int) -> Sampling:
+    def sampling(self, max_tokens: int, unseeded_fillers: bool = False) -> Sampling:
         s = self.as_dict
-        return Sampling(s["temperature"], s["top_p"], s["top_k"], s["seed"], max_tokens)
+        return Sampling(s["temperature"], s["top_p"], s["top_k"], s["seed"], max_tokens, unseeded_fillers)
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,17 @@ def _matches(settings: dict[str, Any], entry: dict[str, Any]) -> bool:
     return all(settings[k] == v for k, v in entry.items())
 
 
-def _include_settings(matrix: Matrix, entry: dict[str, Any], index: int) -> dict[str, Any]:
+def _include_settings(matrix: Matrix, options: dict[str, list[str]], entry: dict[str, Any], index: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     defaults = Matrix.model_fields
-    for axis in AXES:
+    for axis in AXES + tuple(options):
         if axis in entry:
             out[axis] = entry[axis]
             continue
-        values = getattr(matrix, axis)
+        values = options[axis] if axis in options else getattr(matrix, axis)
         if len(values) == 1:
             out[axis] = values[0]
-        elif defaults[axis].default is not None and axis != "model":
+        elif axis in defaults and defaults[axis].default is not None and axis != "model":
             out[axis] = defaults[axis].default[0]
         else:
             raise ConfigError(
@@ -90,9 +93,12 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
     """All cells, in run order (grouped by engine load), each once."""
     exp = loaded.experiment
     matrix = exp.matrix
-    combos = [dict(zip(AXES, values)) for values in itertools.product(*(getattr(matrix, a) for a in AXES))]
+    swept = loaded.option_axes
+    names = AXES + tuple(swept)
+    lists = [getattr(matrix, a) for a in AXES] + [swept[a] for a in swept]
+    combos = [dict(zip(names, values)) for values in itertools.product(*lists)]
     combos = [c for c in combos if not any(_matches(c, e) for e in loaded.exclude)]
-    combos += [_include_settings(matrix, e, i) for i, e in enumerate(loaded.include)]
+    combos += [_include_settings(matrix, swept, e, i) for i, e in enumerate(loaded.include)]
 
     common = {
         "max_tokens": exp.max_tokens,
@@ -100,19 +106,31 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
         "filler_seed": exp.filler_seed,
         "prompts": loaded.prompt_set.fingerprint(),
     }
-    if exp.probe_logits:  # only when on, so that ids of existing results stay valid
-        common["probe_logits"] = True
+    for flag in ("probe_logits", "probe_prefill", "unseeded_fillers"):
+        if getattr(exp, flag):  # only when on, so that ids of existing results stay valid
+            common[flag] = True
     cells: dict[str, Cell] = {}
     for settings in combos:
-        options = loaded.engine_options.get(settings["engine"], {})
-        group_key = {a: settings[a] for a in LOAD_AXES} | {"options": options}
-        cell_id = _digest(settings | common | {"options": options})
+        options = dict(loaded.engine_options.get(settings["engine"], {}))
+        for axis in swept:  # a swept option is its engine's; other engines' cells hold None there
+            engine, option = option_axis(axis)  # type: ignore[misc]
+            if engine == settings["engine"]:
+                options[option] = option_value(axis, settings[axis])[0]
+            else:
+                settings[axis] = None
+        group_key = {a: settings[a] for a in LOAD_AXES} | {"options": options,
+                                                           "prefix_caching": settings["prefix_cache"] != "off"}
+        # axes added later enter the id only away from their default: older results keep their ids
+        identity = {k: v for k, v in settings.items() if LATER_AXES_DEFAULTS.get(k, object()) != v}
+        if settings["context_tokens"] > 0:
+            identity["context"] = exp.context.model_dump()
+        cell_id = _digest(identity | common | {"options": options})
         cells.setdefault(
             cell_id,
             Cell(
                 id=cell_id,
                 group_id=_digest(group_key, 8),
-                settings=tuple((a, settings[a]) for a in AXES),
+                settings=tuple((a, settings[a]) for a in names),
                 engine_options=tuple(sorted(options.items())),
             ),
         )
@@ -128,6 +146,6 @@ def group(cells: list[Cell]) -> list[Group]:
         order.setdefault(cell.group_id, []).append(cell)
     groups = []
     for group_id, members in order.items():
-        members = sorted(members, key=lambda c: (c["batch_size"], c["seed"], c["temperature"]))
+        members = sorted(members, key=lambda c: (c["batch_size"], c["context_tokens"], c["seed"], c["temperature"]))
         groups.append(Group(group_id, members[0].load_spec(), tuple(members)))
     return groups

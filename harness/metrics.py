@@ -15,12 +15,25 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from harness.config import AXES, Matrix
+from harness.config import AXES, Matrix, option_axis, option_value
 from harness.errors import HarnessError
 
 #: Columns that identify comparable settings (a cell, minus the ids).
 KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
 DEFAULT_REFERENCE: dict[str, Any] = {"batch_size": 1}
+
+
+def option_columns(frame: pd.DataFrame) -> list[str]:
+    """The swept engine-option columns of a frame ('llamacpp.flash_attn', ...), in order."""
+    return [c for c in frame.columns if option_axis(c) is not None]
+
+
+def keys_of(frame: pd.DataFrame, drop: Iterable[str] = ()) -> list[str]:
+    """The setting columns that make runs comparable: the fixed axes, max_tokens and swept options."""
+    drop = set(drop)
+    return [c for c in list(KEY_COLUMNS) + option_columns(frame) if c not in drop]
+
+
 PROBE_STAT_COLUMNS = [
     "probe_steps", "probe_steps_differed", "probe_logits_compared", "probe_logits_differed",
     "probe_max_abs_diff", "probe_low_margin_frac",
@@ -37,7 +50,9 @@ IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
 PROVENANCE_COLUMNS = ["model_sha256", "engine_version", "schema_version", "engine_info"]
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
-    "batch_tokens_per_s",
+    "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used",
+    "prefill_probe_steps", "prefill_probe_steps_differed", "prefill_probe_first_diff_step",
+    "prefill_probe_max_abs_diff",
 ] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
 
 
@@ -159,8 +174,15 @@ def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[s
     for item in items:
         axis, sep, value = item.partition("=")
         axis = axis.strip()
+        if sep and option_axis(axis) is not None:
+            try:
+                out[axis] = option_value(axis, value.strip())[1]
+            except ValueError as exc:
+                raise HarnessError(f"{option} '{item}': {exc}") from None
+            continue
         if not sep or axis not in AXES:
-            raise HarnessError(f"{option} '{item}': expected AXIS=VALUE with AXIS one of {', '.join(AXES)}")
+            raise HarnessError(f"{option} '{item}': expected AXIS=VALUE with AXIS one of {', '.join(AXES)} "
+                               "or ENGINE.OPTION for a swept engine option")
         probe = {"model": ["x"], axis: [value.strip()]}
         try:
             out[axis] = getattr(Matrix.model_validate(probe), axis)[0]
@@ -189,6 +211,7 @@ def against_reference(
     tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
     reference: dict[str, Any] | None = None,
     allow_mixed: Iterable[str] = (),
+    logprobs_for: Callable[[set[str]], dict[str, Sequence[float]]] | None = None,
 ) -> pd.DataFrame:
     """The ok rows, each with its reference run: `ref_hash`, `reference_cell`, `matched`, `first_divergence`.
 
@@ -198,12 +221,15 @@ def against_reference(
     imply or `allow_mixed` names; otherwise HarnessError.
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
-    keys = list(KEY_COLUMNS)
+    keys = keys_of(rows)
     ok = rows[rows["status"] == "ok"].copy()
     first = ok[ok["repeat"] == 0]
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
-    ref_table = first[keys + ["prompt_id", "output_hash", "cell_id"]].rename(
-        columns={"output_hash": "ref_hash", "cell_id": "reference_cell"}
+    if "logprobs_hash" not in ok:
+        ok["logprobs_hash"] = None
+        first = first.assign(logprobs_hash=None)
+    ref_table = first[keys + ["prompt_id", "output_hash", "cell_id", "logprobs_hash"]].rename(
+        columns={"output_hash": "ref_hash", "cell_id": "reference_cell", "logprobs_hash": "ref_logprobs_hash"}
     )
     lookup = ok[keys + ["prompt_id"]].copy()
     for axis, value in reference.items():
@@ -212,6 +238,7 @@ def against_reference(
     merged = lookup.merge(ref_table, on=keys + ["prompt_id"], how="left")
     ok["ref_hash"] = merged["ref_hash"].to_numpy()
     ok["reference_cell"] = merged["reference_cell"].to_numpy()
+    ok["ref_logprobs_hash"] = merged["ref_logprobs_hash"].to_numpy()
     if any(c in ok for c in PROVENANCE_COLUMNS):
         paired = ok[ok["reference_cell"].notna()]
         by_cell = first.drop_duplicates("cell_id").set_index("cell_id")
@@ -235,6 +262,49 @@ def against_reference(
         for h, r in zip(ok["output_hash"], ok["ref_hash"])
     ]
     ok["first_divergence"] = pd.to_numeric(ok["first_divergence"], errors="coerce")
+    return _logprob_comparison(ok, logprobs_for)
+
+
+def logprob_difference(a: Sequence[float], b: Sequence[float], steps: int) -> tuple[int | None, float]:
+    """(first step whose log-probabilities are not bitwise equal, largest |difference|) over `steps` steps."""
+    n = min(len(a), len(b), steps)
+    x = np.asarray(a[:n], dtype=np.float32)
+    y = np.asarray(b[:n], dtype=np.float32)
+    unequal = x.view(np.uint32) != y.view(np.uint32)  # bitwise: NaN equals the same NaN, -0.0 is not 0.0
+    if not unequal.any():
+        return None, 0.0
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(x.astype(np.float64) - y.astype(np.float64))
+    return int(np.flatnonzero(unequal)[0]), float(np.nanmax(gap)) if np.isfinite(gap).any() else float("nan")
+
+
+def _logprob_comparison(
+    ok: pd.DataFrame, logprobs_for: Callable[[set[str]], dict[str, Sequence[float]]] | None
+) -> pd.DataFrame:
+    """`logprobs_identical` (tokens equal and every step's chosen-token log-probability bitwise equal
+    to the reference's), and where they are not: `logprob_first_diff` (the first step that differs,
+    over the steps both runs share) and `logprob_max_abs_diff`. Empty where a side has no log-probabilities."""
+    both = ok["ref_hash"].notna() & ok["logprobs_hash"].notna() & ok["ref_logprobs_hash"].notna()
+    same = ok["logprobs_hash"] == ok["ref_logprobs_hash"]
+    ok["logprobs_identical"] = pd.array(np.where(both, same & (ok["matched"] == 1), pd.NA), dtype="boolean")
+    ok["logprob_first_diff"] = np.nan
+    ok["logprob_max_abs_diff"] = np.where(both & same, 0.0, np.nan)
+    pending = ok[both & ~same]
+    if pending.empty or logprobs_for is None:
+        return ok
+    values = logprobs_for(set(pending["logprobs_hash"]) | set(pending["ref_logprobs_hash"]))
+    found: dict[tuple[str, str, float], tuple[int | None, float]] = {}
+    first, largest = [], []
+    for mine, ref, split in zip(pending["logprobs_hash"], pending["ref_logprobs_hash"], pending["first_divergence"]):
+        key = (mine, ref, split)
+        if key not in found:
+            steps = int(split) if split == split else 1 << 30  # up to the first token that differs
+            found[key] = logprob_difference(values.get(mine, []), values.get(ref, []), steps) \
+                if mine in values and ref in values else (None, float("nan"))
+        first.append(found[key][0])
+        largest.append(found[key][1])
+    ok.loc[pending.index, "logprob_first_diff"] = pd.to_numeric(pd.Series(first, index=pending.index, dtype=object))
+    ok.loc[pending.index, "logprob_max_abs_diff"] = largest
     return ok
 
 
@@ -243,13 +313,14 @@ def summarize(
     tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
     reference: dict[str, Any] | None = None,
     allow_mixed: Iterable[str] = (),
+    logprobs_for: Callable[[set[str]], dict[str, Sequence[float]]] | None = None,
 ) -> pd.DataFrame:
     """One record per (cell, prompt) with agreement statistics against the reference.
 
     `rows` needs ROW_COLUMNS; `tokens_for(hashes)` returns the token ids of those outputs.
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
-    keys = list(KEY_COLUMNS)
+    keys = keys_of(rows)
     group_cols = keys + ["cell_id", "prompt_id"]
     if rows.empty:
         return pd.DataFrame(columns=group_cols + ["runs"])
@@ -262,7 +333,11 @@ def summarize(
         if name not in status.columns:
             status[name] = 0
     errors = rows[rows["status"] != "ok"].groupby(group_cols, dropna=False)["error"].first().rename("error")
-    ok = against_reference(rows, tokens_for, reference, allow_mixed)
+    ok = against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for)
+    for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
+        if column not in ok:
+            ok[column] = np.nan
+    ok["identical_lp"] = ok["logprobs_identical"].astype("Float64")
 
     g = ok.groupby(group_cols, dropna=False, sort=False)
     stats = pd.DataFrame(
@@ -279,6 +354,12 @@ def summarize(
             "tokens_median": g["n_tokens"].median(),
             "tokens_per_s_median": g["target_tokens_per_s"].median(),
             "reference_cell": g["reference_cell"].first(),
+            "logprobs_identical": g["identical_lp"].mean(),
+            "logprobs_compared": g["identical_lp"].count(),
+            "logprob_first_diff_min": g["logprob_first_diff"].min(),
+            "logprob_max_abs_diff": g["logprob_max_abs_diff"].max(),
+            "prompt_tokens_median": g["prompt_tokens"].median(),
+            "cached_tokens_median": g["cached_tokens"].median(),
         }
     )
     stats["divergence_rate_upper95"] = [
@@ -294,14 +375,12 @@ def summarize(
     out["reference"] = ",".join(f"{k}={v}" for k, v in reference.items())
     order = group_cols + [
         "status", "runs", "unique_outputs", "modal_share", "match_rate", "first_divergence_min",
-        "first_divergence_median", "divergence_rate_upper95", "diverged", "compared", "tokens_median",
-        "tokens_per_s_median", "reference", "reference_cell", "n_ok", "n_failed", "n_unsupported",
+        "first_divergence_median", "divergence_rate_upper95", "diverged", "compared", "logprobs_identical",
+        "logprobs_compared", "logprob_first_diff_min", "logprob_max_abs_diff", "tokens_median",
+        "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_cell", "n_ok", "n_failed", "n_unsupported",
         "n_skipped", "error",
     ]
     return out[order].sort_values(group_cols, kind="stable").reset_index(drop=True)
-
-
-SLOWDOWN_COLUMNS = [c for c in KEY_COLUMNS if c != "batch_invariant"]
 
 
 def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFrame:
@@ -314,7 +393,8 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
     these timings.
     """
     ok = rows[(rows["status"] == "ok") & rows["target_tokens_per_s"].notna()]
-    keys = SLOWDOWN_COLUMNS + ["prompt_id", "repeat"]
+    setting = keys_of(rows, drop=["batch_invariant"])
+    keys = setting + ["prompt_id", "repeat"]
     cols = keys + ["batch_tokens_per_s", "target_tokens_per_s", "n_tokens"]
     cols += [c for c in ["cell_id"] + PROVENANCE_COLUMNS if c in ok]
     off = ok[~ok["batch_invariant"].astype(bool)][cols]
@@ -325,12 +405,12 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
             columns=lambda c, s=s: c.removesuffix(s)) for s in ("_off", "_on")}
         refuse_mixed(side["_off"], side["_on"], allow_mixed, "pairing batch-invariant off/on runs", "off", "on")
     if pairs.empty:
-        return pd.DataFrame(columns=SLOWDOWN_COLUMNS + ["pairs", "throughput_ratio", "latency_ratio"])
+        return pd.DataFrame(columns=setting + ["pairs", "throughput_ratio", "latency_ratio"])
     pairs["throughput"] = pairs["batch_tokens_per_s_off"] / pairs["batch_tokens_per_s_on"]
     latency_on = pairs["n_tokens_on"] / pairs["target_tokens_per_s_on"]
     latency_off = pairs["n_tokens_off"] / pairs["target_tokens_per_s_off"]
     pairs["latency"] = latency_on / latency_off
-    g = pairs.groupby(SLOWDOWN_COLUMNS, dropna=False)
+    g = pairs.groupby(setting, dropna=False)
     out = pd.DataFrame(
         {
             "pairs": g.size(),
@@ -354,7 +434,7 @@ def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:
     the largest single move; `low_margin_frac` the mean share of near-tie steps.
     """
     probed = rows[rows["probe_steps"].notna()] if "probe_steps" in rows else rows.iloc[0:0]
-    keys = list(KEY_COLUMNS)
+    keys = keys_of(rows)
     if probed.empty:
         return pd.DataFrame(columns=keys + ["runs", "steps", "steps_differed", "logits_compared",
                                             "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"])

@@ -99,11 +99,45 @@ def low_margin_fraction(margins: list[float]) -> float | None:
     return sum(m < LOW_MARGIN for m in known) / len(known) if known else None
 
 
+def prefill_columns(decoded: Trace, prefilled: np.ndarray) -> dict[str, Any]:
+    """Each decode step's logits against the same position's logits from one prefill pass.
+
+    Both see the same tokens (the generation's own), so any difference is the computation's:
+    one token per step against all positions at once.
+    """
+    steps = min(len(decoded.logits), len(prefilled))
+    differed, first, largest = 0, None, 0.0
+    for step in range(steps):
+        a, b = decoded.logits[step], prefilled[step]
+        unequal = a != b
+        if unequal.any():
+            differed += 1
+            first = step if first is None else first
+            largest = max(largest, float(np.abs(a - b)[unequal].max()))
+    return {"prefill_probe_steps": steps, "prefill_probe_steps_differed": differed,
+            "prefill_probe_first_diff_step": first, "prefill_probe_max_abs_diff": largest}
+
+
+class _Both:
+    """Two step observers as one."""
+
+    def __init__(self, *observers: Any) -> None:
+        self.observers = [o for o in observers if o is not None]
+
+    def __call__(self, step: int, logits: np.ndarray, token: int) -> None:
+        for observer in self.observers:
+            observer(step, logits, token)
+
+
 class LogitProbes:
     """Runs generations with a probe attached, keeping reference traces for one engine load."""
 
-    def __init__(self, engine: Engine, cache_bytes: int = CACHE_BYTES) -> None:
+    def __init__(self, engine: Engine, cache_bytes: int = CACHE_BYTES, logits: bool = True,
+                 prefill: bool = False) -> None:
         self.engine = engine
+        self.logits = logits
+        #: decode vs prefill needs the engine's prefill_logits (the in-process llama.cpp engine)
+        self.prefill = prefill
         self.unavailable = type(engine).logit_probe_unavailable
         self.cache_bytes = cache_bytes
         self._traces: OrderedDict[tuple[str, Sampling], Trace] = OrderedDict()
@@ -121,13 +155,19 @@ class LogitProbes:
             self._traces.popitem(last=False)
         return trace
 
-    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> tuple[BatchOutput, dict[str, Any]]:
+    def generate(
+        self, prompts: list[str], target: int, sampling: Sampling, cache: str = "off"
+    ) -> tuple[BatchOutput, dict[str, Any]]:
         """The batch's output plus the probe columns for its target generation."""
         if self.unavailable is not None:
-            out = self.engine.generate(prompts, target, sampling)
-            cols: dict[str, Any] = {"probe_reference": f"unavailable: {self.unavailable}"}
-        else:
-            comparer = Comparer(self._reference(prompts[target], sampling))
-            out = self.engine.generate_observed(prompts, target, sampling, comparer)
-            cols = comparer.columns(self.engine.probe_scope())
+            out = self.engine.generate(prompts, target, sampling, cache=cache)
+            cols: dict[str, Any] = {"probe_reference": f"unavailable: {self.unavailable}"} if self.logits else {}
+            return out, cols | {"probe_low_margin_frac": low_margin_fraction(out.target.margins)}
+        comparer = Comparer(self._reference(prompts[target], sampling)) if self.logits else None
+        decoded = Trace() if self.prefill and hasattr(self.engine, "prefill_logits") else None
+        out = self.engine.generate_observed(prompts, target, sampling, _Both(comparer, decoded), cache)
+        cols = comparer.columns(self.engine.probe_scope()) if comparer else {}
+        if decoded is not None:
+            prefilled = self.engine.prefill_logits(prompts[target], decoded.tokens)  # type: ignore[attr-defined]
+            cols |= prefill_columns(decoded, prefilled)
         return out, cols | {"probe_low_margin_frac": low_margin_fraction(out.target.margins)}

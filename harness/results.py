@@ -228,11 +228,22 @@ class Results:
     def root(self) -> Path:
         return self.folder.root
 
+    @property
+    def option_axes(self) -> list[str]:
+        """The engine options the current experiments sweep (each a setting column of the rows)."""
+        return list(dict.fromkeys(a for e in self.experiments for a in e.option_axes))
+
     def read_rows(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """The rows of the chosen cells; `columns` plus the swept option columns (None: every column)."""
+        if columns is not None:
+            columns = list(dict.fromkeys(columns + self.option_axes))
         return self.folder.store.read_rows(columns, self.cell_ids)
 
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
         return self.folder.store.tokens_for(hashes, self.cell_ids)
+
+    def logprobs_for(self, hashes: set[str]) -> dict[str, list[float]]:
+        return self.folder.store.logprobs_for(hashes, self.cell_ids)
 
     def answer_prompts(self) -> set[str]:
         """Ids of the prompts that carry a parse rule (answer statistics are about those)."""

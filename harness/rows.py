@@ -21,6 +21,14 @@ def output_hash(token_ids: list[int]) -> str:
     return hashlib.blake2b(np.asarray(token_ids, dtype=np.int32).tobytes(), digest_size=12).hexdigest()
 
 
+def logprobs_hash(logprobs: list[float]) -> str | None:
+    """Hash of the per-step chosen-token log-probabilities as float32 bytes: equal hashes mean
+    bitwise-equal log-probabilities. None when the engine gave none."""
+    if not logprobs:
+        return None
+    return hashlib.blake2b(np.asarray(logprobs, dtype=np.float32).tobytes(), digest_size=12).hexdigest()
+
+
 def describe_exception(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()[:2000]
 
@@ -81,6 +89,7 @@ class RowMaker:
             "status": "ok",
             "error": "",
             "prompt_tokens": out.prompt_tokens,
+            "cached_tokens": out.cached_tokens,
             "token_ids": t.token_ids,
             "n_tokens": n,
             "text": t.text,
@@ -89,6 +98,7 @@ class RowMaker:
             "output_hash": output_hash(t.token_ids),
             "logprobs": t.logprobs,
             "margins": t.margins,
+            "logprobs_hash": logprobs_hash(t.logprobs),
             "prefill_s": out.prefill_s,
             "ttft_s": out.ttft_s,
             "decode_s": None if out.prefill_s is None else out.target_s - out.prefill_s,

@@ -16,9 +16,11 @@ import pyarrow.parquet as pq
 import harness
 from harness.errors import HarnessError
 
-#: 2 added token_texts and the probe_* columns; 3 the answer_* columns. Older files read back
-#: with the newer columns empty.
-SCHEMA_VERSION = 3
+#: 2 added token_texts and the probe_* columns; 3 the answer_* columns; 4 the prefix_cache,
+#: context_tokens, prefill_chunk and kv_cache_dtype axes, cached_tokens, context_tokens_used,
+#: logprobs_hash and the prefill_probe_* columns. Older files read back with the newer columns
+#: empty, and the newer axes at their defaults (what those files were run with).
+SCHEMA_VERSION = 4
 
 #: The row contract (README "Rows"). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -44,6 +46,10 @@ ROW_SCHEMA = pa.schema(
         ("temperature", pa.float64()),
         ("top_p", pa.float64()),
         ("top_k", pa.int32()),
+        ("prefix_cache", pa.string()),
+        ("context_tokens", pa.int32()),
+        ("prefill_chunk", pa.string()),
+        ("kv_cache_dtype", pa.string()),
         ("max_tokens", pa.int32()),
         ("engine_options", pa.string()),
         ("model_file", pa.string()),
@@ -53,6 +59,8 @@ ROW_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("error", pa.string()),
         ("prompt_tokens", pa.int32()),
+        ("context_tokens_used", pa.int32()),
+        ("cached_tokens", pa.int32()),
         ("token_ids", pa.list_(pa.int32())),
         ("n_tokens", pa.int32()),
         ("text", pa.string()),
@@ -61,6 +69,7 @@ ROW_SCHEMA = pa.schema(
         ("output_hash", pa.string()),
         ("logprobs", pa.list_(pa.float32())),
         ("margins", pa.list_(pa.float32())),
+        ("logprobs_hash", pa.string()),
         ("engine_detail", pa.string()),
         # answers (prompts that give an answer and/or a parse rule)
         ("answer_parsed", pa.string()),
@@ -75,6 +84,10 @@ ROW_SCHEMA = pa.schema(
         ("probe_logits_differed", pa.int64()),
         ("probe_max_abs_diff", pa.float64()),
         ("probe_low_margin_frac", pa.float64()),
+        ("prefill_probe_steps", pa.int32()),
+        ("prefill_probe_steps_differed", pa.int32()),
+        ("prefill_probe_first_diff_step", pa.int32()),
+        ("prefill_probe_max_abs_diff", pa.float64()),
         # timing
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("prefill_s", pa.float64()),
@@ -158,6 +171,17 @@ def _writer_gone(tmp: Path) -> bool:
     return False
 
 
+def _with_later_axes(table: pa.Table, wanted: list[str] | None) -> pa.Table:
+    """A file written before an axis existed was run at that axis's default: say so in its rows."""
+    from harness.config import LATER_AXES_DEFAULTS
+
+    for name, default in LATER_AXES_DEFAULTS.items():
+        if name not in table.column_names and (wanted is None or name in wanted):
+            kind = ROW_SCHEMA.field(name).type
+            table = table.append_column(pa.field(name, kind), pa.array([default] * table.num_rows, type=kind))
+    return table
+
+
 class Store:
     """The cell files of a results folder: `cells/<cell_id>.parquet`, each written atomically.
 
@@ -199,8 +223,16 @@ class Store:
         return path
 
     def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
-        """Write all rows of a cell at once: a reader sees the whole cell or none of it."""
-        table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+        """Write all rows of a cell at once: a reader sees the whole cell or none of it.
+
+        Swept engine options ('ENGINE.OPTION' keys) are setting columns of their own, as text.
+        """
+        swept = sorted({k for r in rows for k in r if "." in k and k not in ROW_SCHEMA.names})
+        schema = ROW_SCHEMA
+        for name in swept:
+            schema = schema.append(pa.field(name, pa.string()))
+        rows = [r | {k: None if r.get(k) is None else str(r[k]) for k in swept} for r in rows] if swept else rows
+        table = pa.Table.from_pylist(rows, schema=schema)
         return self.atomic_write(self.cell_path(cell_id), lambda tmp: pq.write_table(table, tmp))
 
     def write_meta(self, name: str, content: str) -> None:
@@ -236,27 +268,33 @@ class Store:
             wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
             table = pq.read_table(path, columns=_present(path, wanted))
             _refuse_newer(path, table)
-            tables.append(table)
+            tables.append(_with_later_axes(table, wanted))
         frame = pa.concat_tables(tables, promote_options="default").to_pandas()
-        for name in columns or ROW_SCHEMA.names:  # columns newer than some files read back empty
+        names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
+        for name in names:  # columns newer than some files read back empty
             if name not in frame.columns:
                 frame[name] = None
-        return frame[columns or ROW_SCHEMA.names]
+        return frame[names]
 
     def tokens_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[int]]:
         """Token ids of the outputs with these hashes (one row each), read without loading all."""
+        return self._lists_for("output_hash", "token_ids", hashes, cell_ids)
+
+    def logprobs_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[float]]:
+        """Per-step log-probabilities with these logprobs_hash values (one row each)."""
+        return self._lists_for("logprobs_hash", "logprobs", hashes, cell_ids)
+
+    def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None) -> dict[str, list]:
         import pyarrow.dataset as ds
 
-        files = self.cell_files(cell_ids)
+        files = [f for f in self.cell_files(cell_ids) if key in pq.read_schema(f).names]
         if not files or not hashes:
             return {}
         data = ds.dataset([str(f) for f in files], format="parquet")
-        table = data.to_table(
-            columns=["output_hash", "token_ids"], filter=pc.field("output_hash").isin(sorted(hashes))
-        )
-        out: dict[str, list[int]] = {}
-        for h, toks in zip(table.column("output_hash").to_pylist(), table.column("token_ids").to_pylist()):
-            out.setdefault(h, toks)
+        table = data.to_table(columns=[key, column], filter=pc.field(key).isin(sorted(hashes)))
+        out: dict[str, list] = {}
+        for h, values in zip(table.column(key).to_pylist(), table.column(column).to_pylist()):
+            out.setdefault(h, values)
         return out
 
     def read_cell(self, cell_id: str, columns: list[str] | None = None) -> pd.DataFrame:

@@ -97,6 +97,8 @@ class GroupRunner:
         self.reporter = reporter
         self.log_path = Path(order.log) if order.log else None
         self.rows = RowMaker(self.loaded, order.run_id, provenance.collect())
+        #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
+        self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
 
     def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
         self.folder.write_cell(cell.id, rows, self.order.run_id)
@@ -111,18 +113,43 @@ class GroupRunner:
         causes = [c for c in root_causes(self.log_path, since) if c not in str(exc)]
         return "; ".join([describe_exception(exc)] + causes)
 
+    def _context(self, engine: Any, cell: Cell) -> tuple[str, int]:
+        """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens."""
+        from harness.context import shared_context
+        from harness.engines.base import Unsupported
+
+        wanted = cell["context_tokens"]
+        if wanted <= 0:
+            return "", 0
+        if engine.count_tokens("a") is None:
+            raise Unsupported(f"context_tokens {wanted}: this engine has no tokenizer here to measure a context with")
+        key = (wanted, self.exp.context.text, self.exp.context.seed)
+        if key not in self._contexts:
+            self._contexts[key] = shared_context(self.exp.context.text, self.exp.context.seed, wanted,
+                                                 engine.count_tokens)
+        return self._contexts[key]
+
     def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> list[dict[str, Any]]:
         from harness import answers
+        from harness.context import with_context
         from harness.engines.base import Unsupported
         from harness.prompts import compose_batch
 
-        sampling = cell.sampling(self.exp.max_tokens)
+        sampling = cell.sampling(self.exp.max_tokens, self.exp.unseeded_fillers)
+        cache = cell["prefix_cache"]
         prompt_set = self.loaded.prompt_set
         size = cell["batch_size"]
+        try:
+            context, context_used = self._context(engine, cell)
+        except Unsupported as exc:
+            return self.rows.status_rows(cell, "unsupported", str(exc))
+        except Exception as exc:  # noqa: BLE001 - the tokenizer broke (a server died): this cell fails
+            return self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size()))
         warm = compose_batch(prompt_set, prompt_set.prompts[0], size, 0, self.exp.filler_seed)
         since = self._log_size()  # causes logged from here on explain this cell's failures
         try:  # warm-up: first use of a batch shape is not timed
-            engine.generate([p.text for p in warm.prompts], warm.target_position, replace(sampling, max_tokens=2))
+            engine.generate([with_context(context, p.text) for p in warm.prompts], warm.target_position,
+                            replace(sampling, max_tokens=2))
         except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
             pass
         rows = []
@@ -132,13 +159,14 @@ class GroupRunner:
                 base = self.rows.base(cell, prompt.id, repeat, engine_cols) | {
                     "batch_position": batch.target_position,
                     "filler_ids": list(batch.filler_ids),
+                    "context_tokens_used": context_used,
                 }
-                texts = [p.text for p in batch.prompts]
+                texts = [with_context(context, p.text) for p in batch.prompts]
                 try:
                     if probes is None:
-                        out, probe_cols = engine.generate(texts, batch.target_position, sampling), {}
+                        out, probe_cols = engine.generate(texts, batch.target_position, sampling, cache=cache), {}
                     else:
-                        out, probe_cols = probes.generate(texts, batch.target_position, sampling)
+                        out, probe_cols = probes.generate(texts, batch.target_position, sampling, cache)
                     found = answers.columns(out.target.text, prompt.answer, prompt.parse)
                     rows.append(self.rows.ok(base, out) | probe_cols | found)
                 except Unsupported as exc:  # the engine's declared rules refuse this, before running it
@@ -172,7 +200,8 @@ class GroupRunner:
             return
         with engine:
             engine_cols = self.rows.engine_columns(engine.describe())
-            probes = LogitProbes(engine) if self.exp.probe_logits else None
+            wanted = self.exp.probe_logits or self.exp.probe_prefill
+            probes = LogitProbes(engine, logits=self.exp.probe_logits, prefill=self.exp.probe_prefill) if wanted else None
             for cell in cells:
                 self._land(cell, self._cell(engine, cell, engine_cols, probes))
 

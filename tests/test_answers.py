@@ -8,8 +8,9 @@ import pytest
 
 from harness import answer_metrics, answers
 from harness.answers import ParseRule
-from harness.config import load_experiment
+from harness.config import LATER_AXES_DEFAULTS, load_experiment
 from harness.errors import ConfigError
+from harness.store import SCHEMA_VERSION
 
 from .conftest import needs_llama, row_for, run_experiment, run_harness, synthetic_folder
 
@@ -93,7 +94,7 @@ RIGHT = {"q1": "5", "q2": "8", "q3": "A"}
 
 def _rows() -> pd.DataFrame:
     base = dict(model="m", engine="llamacpp", dtype="auto", gpu="any", batch_invariant=False, seed=0,
-                temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, status="ok")
+                temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, status="ok", **LATER_AXES_DEFAULTS)
     out = []
     for batch, per_prompt in ANSWERS.items():
         for prompt, answers_ in per_prompt.items():
@@ -220,7 +221,7 @@ engine_options:
 """
     store = run_experiment(tmp_path, experiment)
     rows = store.read_rows().set_index(["prompt_id", "repeat"])
-    assert (rows.status == "ok").all() and (rows.schema_version == 3).all()
+    assert (rows.status == "ok").all() and (rows.schema_version == SCHEMA_VERSION).all()
     number, choice = ParseRule.model_validate("number"), ParseRule.model_validate({"kind": "choice", "options": ["A", "B"]})
     for repeat in (0, 1):
         summed, picked = rows.loc[("sum", repeat)], rows.loc[("pick", repeat)]

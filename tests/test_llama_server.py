@@ -118,3 +118,38 @@ def test_server_killed_mid_cell(tmp_path):
     assert len(failed) >= 1 and failed.error.str.contains("died|cannot reach|Connection|closed", regex=True).all()
     assert (rows.status == "ok").any()  # a new server took over for the later batches
     assert not _servers()  # no process left behind
+
+
+CACHE_EXPERIMENT = """
+name: server-cache-test
+prompts: prompts.yaml
+repeats: 1
+max_tokens: 6
+matrix:
+  model: [smollm2-135m]
+  engine: [llama-server]
+  batch_size: [2]
+  prefix_cache: [off, cold, warm]
+  prefill_chunk: [32]
+  context_tokens: [30]
+include:
+  - {batch_size: 2, prefix_cache: off, prefill_chunk: 32, context_tokens: 30, kv_cache_dtype: fp8}
+engine_options:
+  llama-server: {n_threads: 2}
+"""
+
+
+def test_prefix_cache_chunk_and_context_on_the_real_server(tmp_path):
+    rows = run_experiment(tmp_path, CACHE_EXPERIMENT, group_timeout_s=600).read_rows()
+    ok = rows[rows.status == "ok"]
+    assert set(ok.prefix_cache) == {"off", "cold", "warm"}, rows.error.unique()
+    by = {mode: part for mode, part in ok.groupby("prefix_cache")}
+    # the server's own count (timings.cache_n): warm reuses all but the last prompt token, cold nothing
+    assert (by["warm"].cached_tokens == by["warm"].prompt_tokens - 1).all()
+    assert (by["cold"].cached_tokens == 0).all() and (by["off"].cached_tokens == 0).all()
+    assert (ok.context_tokens_used.between(26, 30)).all()
+    for info in ok.engine_info.map(json.loads):  # the axis reached the server's command line
+        assert " -b 32 -ub 32" in info["server_flags"]
+    refused = rows[rows.kv_cache_dtype == "fp8"]
+    assert set(refused.status) == {"unsupported"} and "fp8" in refused.error.iloc[0]
+    assert not _servers()

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from harness import metrics
-from harness.config import AXES
+from harness.config import AXES, LATER_AXES_DEFAULTS
 from harness.errors import HarnessError
 from harness.rows import output_hash
 
@@ -49,7 +49,7 @@ def test_upper95_grows_with_the_diverged_count(runs):
 
 
 SETTINGS = dict(model="m", engine="llamacpp", dtype="auto", gpu="any", batch_invariant=False, seed=0,
-                temperature=0.0, top_p=1.0, top_k=0, max_tokens=8)
+                temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, **LATER_AXES_DEFAULTS)
 
 
 def _rows(spec):
@@ -159,3 +159,21 @@ def test_rows_of_an_older_schema_read_back_with_new_columns_empty(tmp_path):
     assert rows.loc["old", "token_texts"] is None and list(rows.loc["new", "token_texts"]) == ["a"]
     some = store.read_rows(columns=["cell_id", "token_texts", "probe_steps"])
     assert list(some.columns) == ["cell_id", "token_texts", "probe_steps"] and len(some) == 2
+
+
+def test_rows_from_before_the_cache_axes_read_back_at_their_defaults(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from harness.store import ROW_SCHEMA, Store
+
+    store = Store(tmp_path)
+    store.write_cell("new", [{"cell_id": "new", "status": "ok", "prefix_cache": "warm", "context_tokens": 9,
+                              "llamacpp.n_ubatch": 16}])
+    old = pa.schema([f for f in ROW_SCHEMA if f.name not in LATER_AXES_DEFAULTS])
+    pq.write_table(pa.Table.from_pylist([{"cell_id": "old", "status": "ok"}], schema=old), store.cell_path("old"))
+    rows = store.read_rows().set_index("cell_id")
+    assert rows.loc["old", list(LATER_AXES_DEFAULTS)].to_dict() == LATER_AXES_DEFAULTS  # what they ran with
+    assert rows.loc["new", "prefix_cache"] == "warm" and rows.loc["new", "context_tokens"] == 9
+    # a swept option is a text column of the files that have it, empty in the others
+    assert rows.loc["new", "llamacpp.n_ubatch"] == "16" and pd.isna(rows.loc["old", "llamacpp.n_ubatch"])

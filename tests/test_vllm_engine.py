@@ -89,3 +89,40 @@ def test_bad_option_fails_its_cells_and_the_rest_finishes(tmp_path):
     assert set(bad.status) <= {"failed", "unsupported"} and len(bad) == 4
     assert bad.error.str.contains("NO_SUCH_BACKEND").all(), bad.error.iloc[0]
     assert (rows[rows.engine == "llamacpp"].status == "ok").all()
+
+
+CACHE_EXPERIMENT = """
+name: vllm-cache-test
+prompts: prompts.yaml
+repeats: 1
+max_tokens: 6
+matrix:
+  model: [smollm2-135m]
+  engine: [vllm]
+  batch_size: [2]
+  prefix_cache: [off, cold, warm]
+  context_tokens: [300]
+include:
+  - {batch_size: 2, prefix_cache: off, context_tokens: 300, prefill_chunk: 64}
+  - {batch_size: 2, prefix_cache: off, context_tokens: 300, kv_cache_dtype: q8_0}
+engine_options:
+  vllm: {enforce_eager: true, max_num_seqs: 8, max_model_len: 512}
+"""
+
+
+def test_prefix_cache_and_prefill_chunk_on_vllm(tmp_path):
+    rows = run_experiment(tmp_path, CACHE_EXPERIMENT, group_timeout_s=900).read_rows()
+    ok = rows[rows.status == "ok"]
+    info = ok.engine_info.map(json.loads)
+    by = {mode: part for mode, part in ok.groupby("prefix_cache")}
+    assert set(by) == {"off", "cold", "warm"}, rows.error.unique()
+    # vLLM's own num_cached_tokens: warm reuses whole cached blocks of the prompt (blocks of 128
+    # tokens on the CPU build, hence a 300-token context), cold none
+    assert (by["warm"].cached_tokens > 0).all() and (by["warm"].cached_tokens < by["warm"].prompt_tokens).all()
+    assert (by["cold"].cached_tokens == 0).all()
+    assert set(info[ok.prefix_cache != "off"].map(lambda i: i["enable_prefix_caching"])) == {True}
+    assert set(info[ok.prefix_cache == "off"].map(lambda i: i["enable_prefix_caching"])) == {False}
+    chunked = info[ok.prefill_chunk == "64"]
+    assert len(chunked) and set(chunked.map(lambda i: i["max_num_batched_tokens"])) == {64}
+    refused = rows[rows.kv_cache_dtype == "q8_0"]
+    assert set(refused.status) == {"unsupported"} and "fp8" in refused.error.iloc[0]

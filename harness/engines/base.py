@@ -33,6 +33,11 @@ class LoadSpec:
     gpu: str
     batch_invariant: bool
     options: dict[str, Any]
+    #: tokens per prefill step ('auto': the engine's default)
+    prefill_chunk: str = "auto"
+    kv_cache_dtype: str = "auto"
+    #: the prefix_cache axis is cold or warm: KV reuse between requests is enabled
+    prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,14 @@ class Sampling:
     top_k: int
     seed: int
     max_tokens: int
+    #: fillers are sent without a seed (the engine picks one), as a mixed batch of clients does
+    unseeded_fillers: bool = False
 
-    def seed_for(self, position: int, target: int) -> int:
-        """The target uses the cell's seed wherever it sits; fillers get seeds derived from it."""
-        return self.seed if position == target else (self.seed + 7919 * (position + 1)) % (2**32 - 1)
+    def seed_for(self, position: int, target: int) -> int | None:
+        """The target uses the cell's seed wherever it sits; fillers get seeds derived from it, or none."""
+        if position == target:
+            return self.seed
+        return None if self.unseeded_fillers else (self.seed + 7919 * (position + 1)) % (2**32 - 1)
 
 
 @dataclass
@@ -74,6 +83,9 @@ class BatchOutput:
     batch_generated_tokens: int
     #: engine-specific facts about this generation (e.g. the server slot), stored as JSON
     detail: dict[str, Any] = field(default_factory=dict)
+    #: prompt tokens of the target whose KV was reused from an earlier request, as the engine counts
+    #: them (None where it does not say)
+    cached_tokens: int | None = None
 
 
 def template_sha256(template: str | bytes | None) -> str:
@@ -85,6 +97,10 @@ def template_sha256(template: str | bytes | None) -> str:
 
     return hashlib.sha256(template if isinstance(template, bytes) else str(template).encode()).hexdigest()
 
+
+#: prefix_cache axis values: no KV reuse / reuse on but nothing of this prompt served before /
+#: the target prompt served just before, so its KV is reused
+CACHE_MODES = ("off", "cold", "warm")
 
 Log = Callable[[str], None]
 #: called once per step of the target generation: (step, logit vector, chosen token); entries an
@@ -118,23 +134,31 @@ class Engine(ABC):
         """Load the model; `base` is the experiment's folder, for relative model paths."""
 
     @abstractmethod
-    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
-        """Run one batch together; return the output of prompts[target] in detail."""
+    def generate(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
+        cache: str = "off",
+    ) -> BatchOutput:
+        """Run one batch together; return the output of prompts[target] in detail.
+
+        `cache` is the prefix_cache mode (CACHE_MODES); an engine that cannot do one raises Unsupported.
+        `observe` is given only to engines whose logit_probe_unavailable is None.
+        """
+
+    def count_tokens(self, text: str) -> int | None:
+        """Tokens of `text` alone (no template, no BOS) in this engine's tokenizer; None: no tokenizer."""
+        return None
 
     def probe_scope(self) -> str:
         """What a logit probe sees on this engine, for the rows' probe_reference column."""
         return "full logit vectors"
 
     def generate_observed(
-        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver, cache: str = "off"
     ) -> BatchOutput:
-        """Like generate, calling `observe` with the target's logits at every step.
-
-        Engines that can (logit_probe_unavailable is None) take `observe` as generate's fourth argument.
-        """
+        """Like generate, calling `observe` with the target's logits at every step."""
         if self.logit_probe_unavailable is not None:
             raise Unsupported(self.logit_probe_unavailable)
-        return self.generate(prompts, target, sampling, observe)  # type: ignore[call-arg]
+        return self.generate(prompts, target, sampling, observe, cache)
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:

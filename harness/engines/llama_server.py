@@ -24,6 +24,7 @@ from harness.engines.base import (
     Log,
     Sampling,
     SequenceOutput,
+    StepObserver,
 )
 from harness.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 
@@ -33,7 +34,7 @@ class LlamaServerOptions(EngineOptions):
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
     n_gpu_layers: int = Field(0, ge=-1)
     n_threads: int | None = Field(None, ge=1)
-    n_ctx: int = Field(2048, ge=64, description="context per slot")
+    n_ctx: int = Field(2048, ge=64, description="context per slot (raised to fit the longest prompt + max_tokens)")
     flash_attn: Literal["auto", "on", "off"] = "auto"
     kv_unified: bool = False
     ignore_eos: bool = False
@@ -62,6 +63,10 @@ def find_binary(option: str | None) -> str:
         ) from None
 
 
+#: kv_cache_dtype axis -> llama-server's -ctk/-ctv value (auto: the server's default)
+_KV_TYPES = {"auto": None, "f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0"}
+
+
 class LlamaServerEngine(Engine):
     name = "llama-server"
     Options = LlamaServerOptions
@@ -73,6 +78,8 @@ class LlamaServerEngine(Engine):
             return "llama-server has no batch-invariant mode; its results may depend on slot count and batch size"
         if spec.dtype not in ("auto",) + models.GGUF_DTYPES:
             return f"llama-server engine cannot use dtype '{spec.dtype}'"
+        if spec.kv_cache_dtype not in _KV_TYPES:
+            return f"llama-server has no KV cache of type '{spec.kv_cache_dtype}'; allowed: {', '.join(_KV_TYPES)}"
         return None
 
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
@@ -84,6 +91,7 @@ class LlamaServerEngine(Engine):
         self.model_sha256 = models.file_sha256(self.model_path)
         self.server: ManagedServer | None = None
         self.slots = 0
+        self.per_slot = self.opts.n_ctx
         self.url = ""
         self._templates: dict[str, str] = {}
         try:
@@ -93,25 +101,38 @@ class LlamaServerEngine(Engine):
         except (OSError, subprocess.SubprocessError):
             self.server_version = ""
 
-    def _start(self, slots: int) -> None:
-        self.close()
-        port = free_port(self.opts.host)
-        args = [
-            self.binary, "-m", str(self.model_path), "--host", self.opts.host, "--port", str(port),
-            "--parallel", str(slots), "-c", str(slots * self.opts.n_ctx), "-ngl",
-            str(0 if self.spec.gpu == "cpu" else self.opts.n_gpu_layers), "-fa", self.opts.flash_attn,
-            "--no-webui",
-        ]
+    def _flags(self) -> list[str]:
+        """The server flags that come from the options and axes (not the port, slots or context)."""
+        args = ["-ngl", str(0 if self.spec.gpu == "cpu" else self.opts.n_gpu_layers), "-fa", self.opts.flash_attn,
+                "--no-webui"]
         if self.opts.n_threads:
             args += ["-t", str(self.opts.n_threads)]
         if self.opts.kv_unified:
             args += ["--kv-unified"]
-        args += self.opts.extra_args
+        if self.spec.prefill_chunk != "auto":
+            args += ["-b", self.spec.prefill_chunk, "-ub", self.spec.prefill_chunk]
+        kv = _KV_TYPES[self.spec.kv_cache_dtype]
+        if kv is not None:
+            args += ["-ctk", kv, "-ctv", kv]
+        return args + self.opts.extra_args
+
+    def _start(self, slots: int, per_slot: int) -> None:
+        self.close()
+        port = free_port(self.opts.host)
+        args = [
+            self.binary, "-m", str(self.model_path), "--host", self.opts.host, "--port", str(port),
+            "--parallel", str(slots), "-c", str(slots * per_slot), *self._flags(),
+        ]
+        if self.spec.prefix_caching:  # slot actions (erase, for cold) need a save path
+            slots_dir = log_dir() / f"llama-server-slots-{port}"
+            slots_dir.mkdir(parents=True, exist_ok=True)
+            args += ["--slot-save-path", str(slots_dir)]
         self.url = f"http://{self.opts.host}:{port}"
         self.log(f"starting llama-server with --parallel {slots} on {self.url}")
         self.server = ManagedServer(args, f"{self.url}/health", log_dir() / f"llama-server-{port}.log",
                                     self.opts.startup_timeout_s)
         self.slots = slots
+        self.per_slot = per_slot
         self._templates.clear()
 
     def _prompt(self, text: str) -> str:
@@ -123,13 +144,42 @@ class LlamaServerEngine(Engine):
             prompt = self._templates[text] = answer["prompt"]
         return prompt
 
-    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+    def count_tokens(self, text: str) -> int:
+        if self.server is None or not self.server.alive():
+            self._start(1, self.per_slot)
+        return len(self._tokenize(text))
+
+    def _tokenize(self, text: str) -> list[int]:
+        answer = post_json(f"{self.url}/tokenize", {"content": text, "add_special": False}, self.opts.request_timeout_s)
+        return [int(t) for t in answer.get("tokens", [])]
+
+    def _ensure(self, slots: int, prompts: list[str], max_tokens: int) -> None:
+        """A live server with `slots` slots, each holding the longest prompt + max_tokens."""
+        if self.server is None or self.slots != slots or not self.server.alive():
+            self._start(slots, self.per_slot)
+        longest = max(len(self._tokenize(self._prompt(p))) for p in set(prompts))
+        need = longest + max_tokens + 8
+        if need > self.per_slot:
+            self._start(slots, max(self.opts.n_ctx, -(-need // 256) * 256))
+
+    def _erase_slots(self) -> None:
+        for slot in range(self.slots):
+            post_json(f"{self.url}/slots/{slot}?action=erase", {}, self.opts.request_timeout_s)
+
+    def generate(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
+        cache: str = "off",
+    ) -> BatchOutput:
         n = len(prompts)
-        if self.server is None or self.slots != n or not self.server.alive():
-            self._start(n)
+        self._ensure(n, prompts, sampling.max_tokens)
         assert self.server is not None
+        if cache != "off":
+            # Each request pinned to its own slot, so that the target's slot is the one warmed
+            # (warm) or erased (cold), and no filler takes it first.
+            self._erase_slots()
         bodies = []
         for i, text in enumerate(prompts):
+            seed = sampling.seed_for(i, target)
             bodies.append({
                 "prompt": self._prompt(text),
                 "n_predict": sampling.max_tokens,
@@ -138,12 +188,14 @@ class LlamaServerEngine(Engine):
                 "top_p": sampling.top_p,
                 "min_p": 0.0,
                 "repeat_penalty": 1.0,
-                "seed": sampling.seed_for(i, target),
+                "seed": -1 if seed is None else seed,
                 "n_probs": 2,
                 "return_tokens": True,
-                "cache_prompt": False,
+                "cache_prompt": cache != "off",
                 "ignore_eos": self.opts.ignore_eos,
-            })
+            } | ({"id_slot": i} if cache != "off" else {}))
+        if cache == "warm":  # the target prompt, served just before on the target's slot
+            post_json(f"{self.url}/completion", bodies[target] | {"n_predict": 1}, self.opts.request_timeout_s)
         try:
             sent = post_concurrently(f"{self.url}/completion", bodies, self.opts.request_timeout_s)
         except RuntimeError as exc:
@@ -175,6 +227,7 @@ class LlamaServerEngine(Engine):
             target_s=spans[target][1] - spans[target][0],
             wall_s=wall,
             batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
+            cached_tokens=_cached(answer),
             detail={
                 "id_slot": answer.get("id_slot"),
                 "slots_used": sorted({a.get("id_slot") for a in answers}),
@@ -188,6 +241,7 @@ class LlamaServerEngine(Engine):
         return {
             "engine_version": f"llama-server {self.server_version}".strip(),
             "binary": self.binary,
+            "server_flags": " ".join(self._flags()),
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
         }
@@ -196,6 +250,15 @@ class LlamaServerEngine(Engine):
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+def _cached(answer: dict[str, Any]) -> int | None:
+    """Prompt tokens the server took from the slot's cache, as it reports them."""
+    timings = answer.get("timings") or {}
+    for value in (timings.get("cache_n"), answer.get("tokens_cached_prompt")):
+        if value is not None:
+            return int(value)
+    return None
 
 
 ENGINE = LlamaServerEngine

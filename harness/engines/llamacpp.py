@@ -29,6 +29,7 @@ from harness.engines.base import (
     Sampling,
     SequenceOutput,
     StepObserver,
+    Unsupported,
 )
 
 
@@ -47,6 +48,8 @@ class LlamaCppOptions(EngineOptions):
 
 
 _FLASH = {"auto": -1, "off": 0, "on": 1}
+#: kv_cache_dtype axis -> ggml type of the K and V caches (None: llama.cpp's default, f16)
+_KV_TYPES = {"auto": None, "f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
 
 
 def _step_stats(logits: np.ndarray, token: int, scratch: np.ndarray) -> tuple[float, float]:
@@ -76,6 +79,8 @@ class LlamaCppEngine(Engine):
             )
         if spec.dtype not in ("auto",) + models.GGUF_DTYPES:
             return f"llama.cpp engine cannot use dtype '{spec.dtype}'"
+        if spec.kv_cache_dtype not in _KV_TYPES:
+            return f"llama.cpp has no KV cache of type '{spec.kv_cache_dtype}'; allowed: {', '.join(_KV_TYPES)}"
         return None
 
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
@@ -98,6 +103,10 @@ class LlamaCppEngine(Engine):
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = self.opts.n_threads or os.cpu_count() or 1
+        #: tokens per prefill call (the prefill_chunk axis; n_batch by default)
+        self.prefill_step = self.opts.n_batch if spec.prefill_chunk == "auto" else int(spec.prefill_chunk)
+        self._probe_ctx: Any = None
+        self._probe_ctx_size = 0
         self._template_raw = ll.llama_model_chat_template(self._model, None)
         self._prompt_cache: dict[str, list[int]] = {}
         self._jinja: ChatTemplate | None = None
@@ -146,16 +155,16 @@ class LlamaCppEngine(Engine):
         tok = getter(self._vocab)
         return self.detokenize_special([tok]) if tok >= 0 else ""
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
         ll = self._ll
         data = text.encode()
         cap = len(data) + 16
         out = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self._vocab, data, len(data), out, cap, True, True)
+        n = ll.llama_tokenize(self._vocab, data, len(data), out, cap, special, special)
         if n < 0:
             cap = -n
             out = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), out, cap, True, True)
+            n = ll.llama_tokenize(self._vocab, data, len(data), out, cap, special, special)
         return list(out[:n])
 
     def detokenize(self, tokens: list[int]) -> str:
@@ -186,18 +195,80 @@ class LlamaCppEngine(Engine):
         params = ll.llama_context_default_params()
         params.n_ctx = n_seq * per_seq
         params.n_seq_max = n_seq
-        params.n_batch = self.opts.n_batch
-        params.n_ubatch = min(self.opts.n_ubatch, self.opts.n_batch)
+        self._set_params(params, max(self.prefill_step, n_seq))
+        ctx = ll.llama_init_from_model(self._model, params)
+        if not ctx:
+            self._refuse_kv()
+            raise RuntimeError(f"llama.cpp could not create a context for {n_seq} sequences x {per_seq} tokens")
+        self._contexts[key] = ctx
+        return ctx
+
+    def _set_params(self, params: Any, n_batch: int) -> None:
+        """Context parameters from the options and the prefill_chunk / kv_cache_dtype axes."""
+        params.n_batch = n_batch
+        if self.spec.prefill_chunk == "auto":
+            params.n_ubatch = min(self.opts.n_ubatch, self.opts.n_batch, n_batch)
+        else:
+            params.n_ubatch = self.prefill_step
         params.n_threads = self.n_threads
         params.n_threads_batch = self.opts.n_threads_batch or self.n_threads
         params.flash_attn_type = _FLASH[self.opts.flash_attn]
         params.kv_unified = self.opts.kv_unified
         params.no_perf = True
-        ctx = ll.llama_init_from_model(self._model, params)
-        if not ctx:
-            raise RuntimeError(f"llama.cpp could not create a context for {n_seq} sequences x {per_seq} tokens")
-        self._contexts[key] = ctx
-        return ctx
+        kv = _KV_TYPES[self.spec.kv_cache_dtype]
+        if kv is not None:
+            params.type_k = params.type_v = kv
+
+    def _refuse_kv(self) -> None:
+        if self.spec.kv_cache_dtype in ("q8_0", "q4_0") and self.opts.flash_attn == "off":
+            raise Unsupported(f"llama.cpp: a quantized ({self.spec.kv_cache_dtype}) V cache needs flash_attn; "
+                              "it is off here")
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text, special=False))
+
+    def prefill_logits(self, prompt: str, steps: list[int]) -> np.ndarray:
+        """Logits of every generation step from one prefill of prompt + the generated tokens.
+
+        `steps` are the tokens chosen at each decode step; row i holds the logits that chose
+        steps[i], computed with all positions in one llama_decode call (a context of its own).
+        """
+        ll = self._ll
+        prompt_ids = self.prompt_tokens(prompt)
+        seq = prompt_ids + steps[:-1]
+        size = -(-len(seq) // 256) * 256 + 256
+        if self._probe_ctx is None or self._probe_ctx_size < size:
+            if self._probe_ctx is not None:
+                ll.llama_free(self._probe_ctx)
+            params = ll.llama_context_default_params()
+            params.n_ctx = size
+            params.n_seq_max = 1
+            self._set_params(params, size)
+            if self.spec.prefill_chunk == "auto":
+                params.n_ubatch = size  # one pass
+            self._probe_ctx = ll.llama_init_from_model(self._model, params)
+            self._probe_ctx_size = size
+            if not self._probe_ctx:
+                raise RuntimeError(f"llama.cpp could not create a prefill-probe context of {size} tokens")
+        ctx = self._probe_ctx
+        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        batch = ll.llama_batch_init(len(seq), 0, 1)
+        try:
+            first = len(prompt_ids) - 1
+            for i, tok in enumerate(seq):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i >= first
+            batch.n_tokens = len(seq)
+            rc = ll.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} in the prefill probe")
+            return np.stack([
+                np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(self.n_vocab,)).copy()
+                for i in range(first, len(seq))
+            ])
+        finally:
+            ll.llama_batch_free(batch)
 
     def _ensure_batch(self, size: int) -> Any:
         if size > self._batch_cap:
@@ -223,14 +294,15 @@ class LlamaCppEngine(Engine):
             if sampling.top_p < 1.0:
                 ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(sampling.top_p, 1))
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(sampling.temperature))
-            seed = sampling.seed_for(i, target)
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed))
+            seed = sampling.seed_for(i, target)  # None: an unseeded filler, llama.cpp draws a random seed
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(ll.LLAMA_DEFAULT_SEED if seed is None else seed))
             chains.append(chain)
         return chains
 
     # -- generation ---------------------------------------------------------------
     def generate(
-        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
+        cache: str = "off",
     ) -> BatchOutput:
         ll = self._ll
         n = len(prompts)
@@ -240,8 +312,9 @@ class LlamaCppEngine(Engine):
         if need > per_seq:
             raise RuntimeError(f"prompt + max_tokens = {need} tokens exceeds n_ctx {per_seq}")
         ctx = self._context(n, per_seq)
-        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
-        batch = self._ensure_batch(max(self.opts.n_batch, n))
+        memory = ll.llama_get_memory(ctx)
+        ll.llama_memory_clear(memory, True)
+        batch = self._ensure_batch(max(self.prefill_step, n))
         samplers = self._samplers(n, target, sampling)
         vocab = self._vocab
         n_vocab = self.n_vocab
@@ -291,12 +364,22 @@ class LlamaCppEngine(Engine):
             if rc != 0:
                 raise RuntimeError(f"llama_decode returned {rc}")
 
+        reused = 0
+        if cache == "warm":
+            # The target prompt served just before on the target's sequence: its KV, all but the
+            # last token (whose logits the batch needs), is kept and reused, as llama-server does.
+            lone = [(tok, p, target, False) for p, tok in enumerate(tokens[target])]
+            for start in range(0, len(lone), self.prefill_step):
+                decode(lone[start : start + self.prefill_step])
+            reused = len(tokens[target]) - 1
+            ll.llama_memory_seq_rm(memory, target, reused, -1)
         try:
             t0 = time.perf_counter()
-            # Prefill: all prompts together, split into n_batch-sized calls like llama-server.
-            flat = [(tok, p, s, p == len(t) - 1) for s, t in enumerate(tokens) for p, tok in enumerate(t)]
-            for start in range(0, len(flat), self.opts.n_batch):
-                chunk = flat[start : start + self.opts.n_batch]
+            # Prefill: all prompts together, split into prefill-step-sized calls like llama-server.
+            flat = [(tok, p, s, p == len(t) - 1) for s, t in enumerate(tokens) for p, tok in enumerate(t)
+                    if s != target or p >= reused]
+            for start in range(0, len(flat), self.prefill_step):
+                chunk = flat[start : start + self.prefill_step]
                 decode(chunk)
                 for i, (_, _, seq, last) in enumerate(chunk):
                     if last:
@@ -326,6 +409,7 @@ class LlamaCppEngine(Engine):
             target_s=t_target - t0,
             wall_s=t_end - t0,
             batch_generated_tokens=generated,
+            cached_tokens=reused,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -335,6 +419,10 @@ class LlamaCppEngine(Engine):
             "engine_info": ll.llama_print_system_info().decode(errors="replace").strip(),
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
             "n_threads": self.n_threads,
+            "prefill_step": self.prefill_step,
+            "n_ubatch": self.prefill_step if self.spec.prefill_chunk != "auto" else self.opts.n_ubatch,
+            "kv_cache_type": self.spec.kv_cache_dtype if self.spec.kv_cache_dtype != "auto" else "f16",
+            "flash_attn": self.opts.flash_attn,
             "chat_template": self.chat_template_kind,
             "chat_template_sha256": template_sha256(self._template_raw),
             "model_file": str(self.model_path),
@@ -343,6 +431,9 @@ class LlamaCppEngine(Engine):
 
     def close(self) -> None:
         ll = self._ll
+        if self._probe_ctx is not None:
+            ll.llama_free(self._probe_ctx)
+            self._probe_ctx = None
         for ctx in self._contexts.values():
             ll.llama_free(ctx)
         self._contexts.clear()

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from harness import models
-from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput
+from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
 from harness.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
 
@@ -51,6 +51,12 @@ class OpenAIEngine(Engine):
             return "the openai engine cannot switch a server's batch-invariant mode; launch the server with it and say so in 'model'"
         if spec.dtype != "auto":
             return "the openai engine cannot choose a dtype; the server's is used (set dtype: auto)"
+        for axis in ("prefill_chunk", "kv_cache_dtype"):
+            if getattr(spec, axis) != "auto":
+                return f"the openai engine cannot set {axis} per request; start the server with it and keep {axis}: auto"
+        if spec.prefix_caching:
+            return ("the OpenAI-compatible API has no per-request prefix-cache control (cold / warm); the "
+                    "server's own setting applies: use prefix_cache: off and say how the server was started")
         return None
 
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
@@ -98,7 +104,13 @@ class OpenAIEngine(Engine):
         n = ll.llama_tokenize(self._vocab, data, len(data), out, len(data) + 8, False, False)
         return list(out[: max(n, 0)])
 
-    def generate(self, prompts: list[str], target: int, sampling: Sampling) -> BatchOutput:
+    def generate(
+        self, prompts: list[str], target: int, sampling: Sampling, observe: Any = None, cache: str = "off"
+    ) -> BatchOutput:
+        if cache != "off":
+            raise Unsupported(f"prefix_cache {cache}: the OpenAI-compatible API has no per-request prefix-cache "
+                              "control; the server's own setting applies (run it as 'off' and say in the "
+                              "experiment how the server was started)")
         if self.server is not None and not self.server.alive():
             raise RuntimeError(f"the launched server died: {self.server.log_tail()}")
         bodies = []
@@ -109,10 +121,12 @@ class OpenAIEngine(Engine):
                 "max_tokens": sampling.max_tokens,
                 "temperature": sampling.temperature,
                 "top_p": sampling.top_p,
-                "seed": sampling.seed_for(i, target),
                 "logprobs": True,
                 "top_logprobs": 2,
             }
+            seed = sampling.seed_for(i, target)
+            if seed is not None:
+                body["seed"] = seed
             if self.opts.top_k:
                 body["top_k"] = sampling.top_k if sampling.top_k > 0 else -1
             bodies.append(body)

@@ -31,6 +31,8 @@ from harness.engines.base import (
 )
 
 _DTYPES = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+#: kv_cache_dtype axis -> vLLM's kv_cache_dtype ('auto' is the model's dtype)
+_KV_TYPES = {"auto": "auto", "fp8": "fp8"}
 #: Default KV-cache size on the CPU build, where vLLM otherwise reserves most of a NUMA node.
 _CPU_KV_BYTES = 1 << 30
 
@@ -89,6 +91,8 @@ class VllmEngine(Engine):
     def refusal(cls, spec: LoadSpec) -> str | None:
         if spec.dtype not in _DTYPES:
             return f"vLLM engine cannot use dtype '{spec.dtype}'"
+        if spec.kv_cache_dtype not in _KV_TYPES:
+            return (f"vLLM's KV cache is the model's dtype (auto) or fp8, not '{spec.kv_cache_dtype}'")
         return None
 
     @classmethod
@@ -111,7 +115,7 @@ class VllmEngine(Engine):
             "model": self.model_path,
             "dtype": _DTYPES[spec.dtype],
             "seed": 0,
-            "enable_prefix_caching": self.opts.enable_prefix_caching,
+            "enable_prefix_caching": self.opts.enable_prefix_caching or spec.prefix_caching,
             "enforce_eager": self.opts.enforce_eager,
             "tensor_parallel_size": self.opts.tensor_parallel_size,
             "trust_remote_code": self.opts.trust_remote_code,
@@ -122,6 +126,14 @@ class VllmEngine(Engine):
             value = getattr(self.opts, key)
             if value is not None:
                 kwargs[key] = value
+        if spec.kv_cache_dtype != "auto":
+            kwargs["kv_cache_dtype"] = _KV_TYPES[spec.kv_cache_dtype]
+        if spec.prefill_chunk != "auto":
+            chunk = int(spec.prefill_chunk)
+            kwargs["enable_chunked_prefill"] = True
+            kwargs["max_num_batched_tokens"] = chunk
+            if chunk < kwargs.get("max_num_seqs", 256):  # vLLM wants max_num_seqs <= max_num_batched_tokens
+                kwargs["max_num_seqs"] = chunk
         if current_platform.is_cpu() and self.opts.kv_cache_memory_bytes is None and self.opts.gpu_memory_utilization is None:
             kwargs["kv_cache_memory_bytes"] = _CPU_KV_BYTES
         kwargs.update(self.opts.extra)
@@ -139,6 +151,25 @@ class VllmEngine(Engine):
             self.facts = self.llm.collective_rpc(_worker_facts)[0]
         except Exception as exc:  # noqa: BLE001
             self.facts = {"worker_facts": f"unavailable ({exc})"}
+        self.facts |= self._config_facts()
+
+    def _config_facts(self) -> dict[str, Any]:
+        """The cache and scheduler settings vLLM really took (after its own defaults and checks)."""
+        try:
+            config = self.llm.llm_engine.vllm_config
+            return {
+                "enable_prefix_caching": bool(config.cache_config.enable_prefix_caching),
+                "kv_cache_dtype": str(config.cache_config.cache_dtype),
+                "block_size": config.cache_config.block_size,
+                "enable_chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+                "max_num_batched_tokens": int(config.scheduler_config.max_num_batched_tokens),
+                "max_num_seqs": int(config.scheduler_config.max_num_seqs),
+            }
+        except Exception as exc:  # noqa: BLE001 - a fact we could not read is said so
+            return {"config_facts": f"unavailable ({exc})"}
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_tokens(self, text: str) -> list[int]:
         """The model's chat template applied to one user message, then tokenized; cached."""
@@ -158,10 +189,13 @@ class VllmEngine(Engine):
                 "a move of all logits by one constant is not seen)")
 
     def generate(
-        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None
+        self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
+        cache: str = "off",
     ) -> BatchOutput:
         from vllm import SamplingParams
 
+        if cache != "off" and not self.spec.prefix_caching:
+            raise Unsupported(f"prefix_cache {cache} needs an engine loaded with prefix caching")
         limit = self.opts.max_num_seqs
         if limit is not None and len(prompts) > limit:
             raise Unsupported(f"batch of {len(prompts)} exceeds max_num_seqs={limit}")
@@ -178,6 +212,10 @@ class VllmEngine(Engine):
             for i in range(len(prompts))
         ]
         inputs = [{"prompt_token_ids": self.prompt_tokens(p)} for p in prompts]
+        if cache != "off":
+            self.llm.reset_prefix_cache()  # nothing of an earlier batch is reused
+        if cache == "warm":  # the target prompt served just before: its blocks are in the cache
+            self.llm.generate([inputs[target]], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
         t0 = time.perf_counter()
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         wall = time.perf_counter() - t0
@@ -200,6 +238,7 @@ class VllmEngine(Engine):
             target_s=wall,
             wall_s=wall,
             batch_generated_tokens=generated,
+            cached_tokens=getattr(outputs[target], "num_cached_tokens", None),
         )
 
     def _observe(self, logprobs: list[dict[int, Any]], ids: list[int], observe: StepObserver) -> None:

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 from rich.table import Table
 
-from harness.metrics import KEY_COLUMNS
+from harness.metrics import keys_of
 
 SHORT = {"batch_size": "batch", "batch_invariant": "b-inv", "temperature": "temp"}
 
@@ -29,7 +29,7 @@ def _fmt(value: object, kind: str = "") -> str:
 
 
 def _varying(summary: pd.DataFrame) -> list[str]:
-    return [c for c in KEY_COLUMNS if c in summary and summary[c].astype(str).nunique() > 1]
+    return [c for c in keys_of(summary) if c in summary and summary[c].astype(str).nunique() > 1]
 
 
 def verdict_lines(summary: pd.DataFrame) -> list[str]:
@@ -49,6 +49,10 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
             text += f", first divergence at token {int(part['first_divergence_min'].min())} at the earliest"
         else:
             text += f"; divergence rate < {100 * bound:.0f}% (95% upper bound)"
+        lp = int(part["logprobs_compared"].fillna(0).sum()) if "logprobs_compared" in part else 0
+        if lp:
+            same = int(round((part["logprobs_identical"].fillna(0) * part["logprobs_compared"].fillna(0)).sum()))
+            text += f"; {same}/{lp} with bitwise-equal log-probabilities"
         lines.append(text)
     orphans = summary[(summary["runs"] > 0) & summary["reference_cell"].isna()]
     for key, part in orphans.groupby(varying, sort=True):
@@ -64,7 +68,11 @@ def summary_table(summary: pd.DataFrame, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in varying + ["prompt_id"]:
         table.add_column(SHORT.get(col, col).replace("prompt_id", "prompt"))
-    for name in ("status", "runs", "unique", "match", "diverge@ min/med", "upper95", "tok/s"):
+    extra = [(name, col, kind) for name, col, kind in (
+        ("lp bitwise", "logprobs_identical", "pct"), ("lp diff@", "logprob_first_diff_min", "int"),
+        ("cached", "cached_tokens_median", "int"),
+    ) if col in summary and summary[col].notna().any() and (col != "cached_tokens_median" or summary[col].fillna(0).gt(0).any())]
+    for name in ("status", "runs", "unique", "match", "diverge@ min/med", "upper95") + tuple(e[0] for e in extra) + ("tok/s",):
         table.add_column(name, justify="right" if name != "status" else "left")
     for rec in summary.to_dict("records"):
         status = rec["status"]
@@ -80,6 +88,7 @@ def summary_table(summary: pd.DataFrame, title: str) -> Table:
             _fmt(rec["match_rate"], "pct"),
             div,
             _fmt(rec["divergence_rate_upper95"], "f3"),
+            *[_fmt(rec[col], kind) for _, col, kind in extra],
             _fmt(rec["tokens_per_s_median"], "f1"),
             style=style,
         )
@@ -87,7 +96,7 @@ def summary_table(summary: pd.DataFrame, title: str) -> Table:
 
 
 def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
-    varying = [c for c in KEY_COLUMNS if c in cost and c != "batch_invariant" and cost[c].astype(str).nunique() > 1]
+    varying = [c for c in keys_of(cost, drop=["batch_invariant"]) if c in cost and cost[c].astype(str).nunique() > 1]
     table = Table(title=title, title_justify="left")
     for col in varying + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
         table.add_column(SHORT.get(col, col), justify="right")
@@ -105,7 +114,7 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
 
 def _per_setting(frame: pd.DataFrame, title: str, headers: list[str]) -> tuple[Table, list[str]]:
     """A table with one row per setting: the axes that vary in `frame`, then `headers`."""
-    varying = [c for c in KEY_COLUMNS if c in frame and frame[c].astype(str).nunique() > 1] or ["engine"]
+    varying = [c for c in keys_of(frame) if c in frame and frame[c].astype(str).nunique() > 1] or ["engine"]
     table = Table(title=title, title_justify="left")
     for col in varying + headers:
         table.add_column(SHORT.get(col, col), justify="right")
