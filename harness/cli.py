@@ -226,7 +226,8 @@ def summarize(
     what: str = typer.Option(
         "cells", "--what",
         help="With json/csv: 'cells' (per cell and prompt), 'slowdown' (batch-invariant cost), 'probes' (logit "
-             "probes) or 'answers' (answer agreement and accuracy per setting).",
+             "probes) or 'answers' (answer agreement and accuracy per setting). 'splits': where the outputs of "
+             "each cell and prompt part, with how many runs take each branch (also as a table).",
     ),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
@@ -235,8 +236,11 @@ def summarize(
     and, where cells differ only in batch_invariant, what the mode costs."""
     if fmt not in ("table", "json", "csv"):
         raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
-    if what not in ("cells", "slowdown", "probes", "answers"):
-        raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes, answers")
+    if what not in ("cells", "slowdown", "probes", "answers", "splits"):
+        raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes, answers, splits")
+    if what == "splits":
+        _print_splits(results, fmt, all_cells)
+        return
     summary, cost, probes, answers = _summaries(results, reference, allow_mixed, all_cells)
     frame = {"cells": summary, "slowdown": cost, "probes": probes, "answers": answers}[what]
     if fmt == "json":
@@ -245,6 +249,24 @@ def summarize(
         sys.stdout.write(frame.to_csv(index=False))
     else:
         _print_summaries(_console(), str(results), summary, cost, probes, answers)
+
+
+def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
+    from harness import metrics
+    from harness.report.table import split_table
+    from harness.splits import splits
+
+    results = _results(folder, all_cells)
+    rows = results.read_rows(columns=metrics.ROW_COLUMNS)
+    frame = splits(rows, results.tokens_for, results.texts_for, metrics.keys_of(rows))
+    if fmt == "json":
+        sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(frame.to_csv(index=False))
+    elif frame.empty:
+        _console().print("every cell and prompt gave one output: nothing splits")
+    else:
+        _console().print(split_table(frame, f"{folder}: where the outputs split (branch 0 = most runs)"))
 
 
 @app.command()

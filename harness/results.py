@@ -242,6 +242,9 @@ class Results:
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
         return self.folder.store.tokens_for(hashes, self.cell_ids)
 
+    def texts_for(self, hashes: set[str]) -> dict[str, list[str]]:
+        return self.folder.store.texts_for(hashes, self.cell_ids)
+
     def logprobs_for(self, hashes: set[str]) -> dict[str, list[float]]:
         return self.folder.store.logprobs_for(hashes, self.cell_ids)
 

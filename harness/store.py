@@ -280,6 +280,10 @@ class Store:
         """Token ids of the outputs with these hashes (one row each), read without loading all."""
         return self._lists_for("output_hash", "token_ids", hashes, cell_ids)
 
+    def texts_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
+        """Each token of the outputs with these hashes decoded on its own (empty where not recorded)."""
+        return self._lists_for("output_hash", "token_texts", hashes, cell_ids)
+
     def logprobs_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[float]]:
         """Per-step log-probabilities with these logprobs_hash values (one row each)."""
         return self._lists_for("logprobs_hash", "logprobs", hashes, cell_ids)

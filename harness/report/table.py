@@ -158,3 +158,18 @@ def answer_table(answers: pd.DataFrame, title: str) -> Table:
             _fmt(rec["length_spread_median"], "f1"),
         )
     return table
+
+
+def split_table(frame: pd.DataFrame, title: str) -> Table:
+    """The split trees: one line per branch, indented by depth, runs and distinct outputs per branch."""
+    table = Table(title=title, title_justify="left")
+    for col in ("cell", "prompt", "at token", "branch", "runs", "unique", "share"):
+        table.add_column(col, justify="right" if col in ("at token", "runs", "unique", "share") else "left")
+    for (cell, prompt), part in frame.groupby(["cell_id", "prompt_id"], sort=False):
+        depth: dict[int, int] = {-1: -1}
+        for rec in part.to_dict("records"):
+            depth.setdefault(rec["node"], depth.get(rec["parent_node"], -1) + 1)
+            label = "  " * depth[rec["node"]] + repr(rec["token_text"])
+            table.add_row(cell, prompt, str(rec["split_at"]), label, str(rec["runs"]), str(rec["unique_outputs"]),
+                          f"{100 * rec['share']:.1f}%")
+    return table
