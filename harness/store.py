@@ -291,10 +291,12 @@ class Store:
     def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None) -> dict[str, list]:
         import pyarrow.dataset as ds
 
-        files = [f for f in self.cell_files(cell_ids) if key in pq.read_schema(f).names]
+        files = self.cell_files(cell_ids)
         if not files or not hashes:
             return {}
-        data = ds.dataset([str(f) for f in files], format="parquet")
+        # the two columns' schema given: files of an older schema read them as empty, unopened twice
+        wanted = pa.schema([ROW_SCHEMA.field(key), ROW_SCHEMA.field(column)])
+        data = ds.dataset([str(f) for f in files], format="parquet", schema=wanted)
         table = data.to_table(columns=[key, column], filter=pc.field(key).isin(sorted(hashes)))
         out: dict[str, list] = {}
         for h, values in zip(table.column(key).to_pylist(), table.column(column).to_pylist()):

@@ -94,6 +94,8 @@ class LlamaServerEngine(Engine):
         self.per_slot = self.opts.n_ctx
         self.url = ""
         self._templates: dict[str, str] = {}
+        #: templated prompt -> its token count (the model's, so it holds across server restarts)
+        self._lengths: dict[str, int] = {}
         try:
             out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=30)
             self.server_version = next((l.split(":", 1)[1].strip() for l in (out.stdout + out.stderr).splitlines()
@@ -149,6 +151,12 @@ class LlamaServerEngine(Engine):
             self._start(1, self.per_slot)
         return len(self._tokenize(text))
 
+    def _length(self, prompt: str) -> int:
+        """Tokens of a templated prompt, asked of the server once per prompt, not once per batch."""
+        if prompt not in self._lengths:
+            self._lengths[prompt] = len(self._tokenize(prompt))
+        return self._lengths[prompt]
+
     def _tokenize(self, text: str) -> list[int]:
         answer = post_json(f"{self.url}/tokenize", {"content": text, "add_special": False}, self.opts.request_timeout_s)
         return [int(t) for t in answer.get("tokens", [])]
@@ -157,7 +165,7 @@ class LlamaServerEngine(Engine):
         """A live server with `slots` slots, each holding the longest prompt + max_tokens."""
         if self.server is None or self.slots != slots or not self.server.alive():
             self._start(slots, self.per_slot)
-        longest = max(len(self._tokenize(self._prompt(p))) for p in set(prompts))
+        longest = max(self._length(self._prompt(p)) for p in set(prompts))
         need = longest + max_tokens + 8
         if need > self.per_slot:
             self._start(slots, max(self.opts.n_ctx, -(-need // 256) * 256))
