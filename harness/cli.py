@@ -154,8 +154,15 @@ def run(
     shard: Optional[str] = typer.Option(None, "--shard", help="Run share I of N (0 <= I < N), e.g. 0/4; for array jobs."),
     cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids, comma-separated (see 'harness plan')."),
     where: list[str] = typer.Option([], "--where", help="Only cells with AXIS=VALUE (repeatable), e.g. --where gpu=A100."),
+    checkpoint_every: float = typer.Option(
+        10.0, "--checkpoint-every", min=0, help="Seconds between checkpoints of a running cell's finished batches "
+        "(a killed run resumes inside the cell from the last one); 0: after every batch."),
 ) -> None:
     """Run an experiment. Finished cells are kept on disk; the same command again resumes.
+
+    Inside a long cell, finished batches are checkpointed (under partial/), so a run killed
+    mid-cell (preempted, out of time) resumes from its last checkpoint, without losing or
+    doubling a batch.
 
     Cells that are done (ok, or refused by the engine's rules) are skipped; failed ones and ones
     skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
@@ -176,7 +183,7 @@ def run(
     console = _console()
     console.print(f"[bold]{loaded.experiment.name}[/bold] -> {out}")
     with RichReporter(console) as reporter:
-        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout)
+        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every)
         adoption = runner.adoption
         if adoption.replaced:
             reporter.log(
@@ -342,14 +349,20 @@ def status(
     console.print(f"{results}: {len(states)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                   + (f"; {len(stale)} stale cell file(s)" if stale else ""))
     pending = [s for s in states if s.state != "done"]
+    partial = folder.partial() if folder.has_manifest() else {}
+    resumable = [s for s in pending if s.cell.id in partial]
+    if resumable:
+        console.print(f"{len(resumable)} unfinished cell(s) hold checkpoints "
+                      f"({sum(partial[s.cell.id] for s in resumable)} run(s) kept); a rerun resumes inside them")
     if pending:
         table = Table(title="cells not done", title_justify="left")
-        for col in ("cell", "state", "engine", "gpu", "batch", "dtype", "error"):
+        for col in ("cell", "state", "engine", "gpu", "batch", "dtype", "checkpointed", "error"):
             table.add_column(col)
         for s in pending:
             c = s.cell
+            kept = str(partial[c.id]) if c.id in partial else ""
             table.add_row(c.id, s.state, str(c["engine"]), str(c["gpu"]), str(c["batch_size"]), str(c["dtype"]),
-                          s.error[:80])
+                          kept, s.error[:80])
         console.print(table)
         if any(not s.done for s in pending):
             console.print(f"rerun: harness run {results}   (or resubmit: harness submit FILE --scheduler ... "
@@ -479,7 +492,8 @@ def plot(
     identical (share of runs identical to the reference per setting and batch size), divergence
     (where runs first depart), margins (top-2 margin at the split, reference vs run), slowdown
     (batch-invariant throughput ratio with its range), answers (accuracy per setting with its
-    bootstrap interval, where prompts carry answers).
+    bootstrap interval, where prompts carry answers), splits (where the outputs of a setting and
+    prompt part: the runs taking each branch, labelled with its token).
     """
     from harness import metrics
     from harness.report import charts, plot as plotting
@@ -492,6 +506,7 @@ def plot(
     rows = store.read_rows()
     data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed,
                           store.answer_prompts())
+    charts.add_splits(data, rows, store.tokens_for, store.texts_for)
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     console = _console()
     for path in written:

@@ -18,8 +18,9 @@ from harness.results import Results
 #: where and with what each folder was made; every one that differs is shown beside the comparison
 CONTEXT = ("host", "cpu", "gpu_name", "gpu_driver", "cuda_version", "engine_version", "model_sha256",
            "library_versions", "python_version", "harness_version", "git_commit", "schema_version")
-COLUMNS = list(dict.fromkeys(list(KEY_COLUMNS) + ["cell_id", "prompt_id", "repeat", "status", "output_hash", "text",
-                                                 "token_texts"] + PROVENANCE_COLUMNS + list(CONTEXT)))
+#: texts are not read per run: they are looked up per distinct output (`_with_texts`)
+COLUMNS = list(dict.fromkeys(list(KEY_COLUMNS) + ["cell_id", "prompt_id", "repeat", "status", "output_hash"]
+                             + PROVENANCE_COLUMNS + list(CONTEXT)))
 
 
 @dataclass
@@ -95,6 +96,8 @@ def compare(
              first_divergence_min=("first_divergence", "min"))
         .reset_index()
     )
+    runs = _with_texts(runs, a, "_a")
+    runs = _with_texts(runs, b, "_b")
     return Comparison(
         runs=runs[match + ["gpu_a", "gpu_b", "same", "first_divergence", "text_a", "text_b",
                            "token_texts_a", "token_texts_b"]]
@@ -104,6 +107,15 @@ def compare(
         only_b=only_b[only_b["_merge"] == "left_only"][keys],
         context=context_differences(rows_a, rows_b),
     )
+
+
+def _with_texts(runs: pd.DataFrame, results: Results, side: str) -> pd.DataFrame:
+    """Each run's text and per-token texts, read once per distinct output of that folder."""
+    hashes = set(runs["output_hash" + side].dropna())
+    pieces, texts = results.texts_for(hashes), results.whole_texts_for(hashes)
+    runs["text" + side] = runs["output_hash" + side].map(texts)
+    runs["token_texts" + side] = runs["output_hash" + side].map(lambda h: pieces.get(h))
+    return runs
 
 
 def around_split(pieces: Sequence[str] | None, text: str, k: int | None, before: int = 50, after: int = 70) -> str:

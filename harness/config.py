@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
@@ -274,6 +274,10 @@ class Experiment(Strict):
     unseeded_fillers: bool = Field(
         default=False, description="send the fillers of a batch without a seed (T > 0: does the target's seed hold?)"
     )
+    batch_fill: Literal["fillers", "copies"] = Field(
+        default="fillers", description="fillers: one measured target per batch among seeded fillers; copies: "
+        "every member of a batch is the same prompt with the same seed, and each is a measured run "
+        "(N concurrent requests of one prompt)")
     context: SharedContext = SharedContext()
     matrix: Matrix
     include: list[dict[str, Any]] = []
@@ -481,7 +485,12 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
     experiment = experiment.model_copy(update={"expect": rules})
 
     largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
-    if largest > 1 and not prompt_set.fillers:
+    if experiment.batch_fill == "copies":
+        clash = [k for k in ("probe_logits", "probe_prefill", "unseeded_fillers") if getattr(experiment, k)]
+        if clash:
+            raise ConfigError(f"{source.where(('batch_fill',))}: batch_fill: copies has no single target or "
+                              f"fillers; it cannot be combined with {', '.join(clash)}: true")
+    elif largest > 1 and not prompt_set.fillers:
         raise ConfigError(
             f"{source.where(('matrix', 'batch_size'))}: matrix.batch_size: batch size {largest} "
             "needs fillers (the other requests of a batch); add a 'fillers' list or use a prompt "

@@ -51,9 +51,9 @@ class Cell:
             prefix_caching=s["prefix_cache"] != "off",
         )
 
-    def sampling(self, max_tokens: int, unseeded_fillers: bool = False) -> Sampling:
+    def sampling(self, max_tokens: int, unseeded_fillers: bool = False, copies: bool = False) -> Sampling:
         s = self.as_dict
-        return Sampling(s["temperature"], s["top_p"], s["top_k"], s["seed"], max_tokens, unseeded_fillers)
+        return Sampling(s["temperature"], s["top_p"], s["top_k"], s["seed"], max_tokens, unseeded_fillers, copies)
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,8 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
     for flag in ("probe_logits", "probe_prefill", "unseeded_fillers"):
         if getattr(exp, flag):  # only when on, so that ids of existing results stay valid
             common[flag] = True
+    if exp.batch_fill != "fillers":
+        common["batch_fill"] = exp.batch_fill
     cells: dict[str, Cell] = {}
     for settings in combos:
         options = dict(loaded.engine_options.get(settings["engine"], {}))

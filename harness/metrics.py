@@ -231,16 +231,22 @@ def against_reference(
     ref_table = first[keys + ["prompt_id", "output_hash", "cell_id", "logprobs_hash"]].rename(
         columns={"output_hash": "ref_hash", "cell_id": "reference_cell", "logprobs_hash": "ref_logprobs_hash"}
     )
-    lookup = ok[keys + ["prompt_id"]].copy()
+    # Settings are constant inside a cell: find each cell's reference runs once, at the cell level
+    # (a few hundred records), then give every run those of its cell and prompt.
+    lookup = ok.drop_duplicates("cell_id")[["cell_id"] + keys]
     for axis, value in reference.items():
         lookup[axis] = value
     lookup = lookup.astype({k: ref_table[k].dtype for k in keys if k in ref_table})
-    merged = lookup.merge(ref_table, on=keys + ["prompt_id"], how="left")
+    per_cell = lookup.merge(ref_table, on=keys, how="inner")[
+        ["cell_id", "prompt_id", "ref_hash", "reference_cell", "ref_logprobs_hash"]]
+    merged = ok[["cell_id", "prompt_id"]].merge(per_cell, on=["cell_id", "prompt_id"], how="left")
     ok["ref_hash"] = merged["ref_hash"].to_numpy()
     ok["reference_cell"] = merged["reference_cell"].to_numpy()
     ok["ref_logprobs_hash"] = merged["ref_logprobs_hash"].to_numpy()
     if any(c in ok for c in PROVENANCE_COLUMNS):
-        paired = ok[ok["reference_cell"].notna()]
+        present = [c for c in PROVENANCE_COLUMNS if c in ok]
+        # one record per distinct (run's cell, its provenance, reference cell): the same verdict
+        paired = ok[ok["reference_cell"].notna()].drop_duplicates(["cell_id", "reference_cell"] + present)
         by_cell = first.drop_duplicates("cell_id").set_index("cell_id")
         refs = by_cell.loc[paired["reference_cell"]].reset_index()
         implied = set().union(*(IMPLIED_BY_AXIS.get(a, frozenset()) for a in reference))
@@ -325,27 +331,30 @@ def summarize(
     if rows.empty:
         return pd.DataFrame(columns=group_cols + ["runs"])
 
+    # Settings are constant inside a cell: group by (cell, prompt), then put the settings back.
+    by = ["cell_id", "prompt_id"]
+    settings = rows.drop_duplicates("cell_id")[["cell_id"] + keys]
     status = (
-        rows.pivot_table(index=group_cols, columns="status", values="repeat", aggfunc="count", fill_value=0)
+        rows.groupby(by + ["status"], sort=False).size().unstack("status", fill_value=0)
         .rename(columns=lambda s: f"n_{s}")
     )
+    status.columns.name = None
     for name in ("n_ok", "n_failed", "n_unsupported", "n_skipped"):
         if name not in status.columns:
             status[name] = 0
-    errors = rows[rows["status"] != "ok"].groupby(group_cols, dropna=False)["error"].first().rename("error")
+    errors = rows[rows["status"] != "ok"].groupby(by)["error"].first().rename("error")
     ok = against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for)
     for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
         if column not in ok:
             ok[column] = np.nan
     ok["identical_lp"] = ok["logprobs_identical"].astype("Float64")
 
-    g = ok.groupby(group_cols, dropna=False, sort=False)
+    g = ok.groupby(by, sort=False)
     stats = pd.DataFrame(
         {
             "runs": g.size(),
             "unique_outputs": g["output_hash"].nunique(),
-            "modal_share": ok.groupby(group_cols + ["output_hash"], dropna=False).size().groupby(level=group_cols).max()
-            / g.size(),
+            "modal_share": ok.groupby(by + ["output_hash"]).size().groupby(level=by).max() / g.size(),
             "match_rate": g["matched"].mean(),
             "compared": g["matched"].count(),
             "diverged": g["first_divergence"].count(),
@@ -365,7 +374,7 @@ def summarize(
     stats["divergence_rate_upper95"] = [
         upper95(int(d), int(c)) if c > 0 else None for d, c in zip(stats["diverged"], stats["compared"])
     ]
-    out = status.join(stats, how="left").join(errors, how="left").reset_index()
+    out = status.join(stats, how="left").join(errors, how="left").reset_index().merge(settings, on="cell_id")
     out["runs"] = out["runs"].fillna(0).astype(int)
     out["status"] = np.select(
         [out["n_ok"] == out[["n_ok", "n_failed", "n_unsupported", "n_skipped"]].sum(axis=1),

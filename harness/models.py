@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -89,8 +90,29 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
 
 
 def file_sha256(path: Path) -> str:
+    """The file's sha256, remembered in the cache folder by (path, size, mtime): each worker
+    process would otherwise read a multi-gigabyte model file once more before its first batch."""
     stat = path.stat()
-    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    key = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    known = cache_dir() / "sha256.json"
+    try:
+        found = json.loads(known.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        found = None
+    if isinstance(found, str) and len(found) == 64:
+        return found
+    digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    try:
+        entries = json.loads(known.read_text()) if known.is_file() else {}
+        entries = entries if isinstance(entries, dict) else {}
+        entries[key] = digest
+        known.parent.mkdir(parents=True, exist_ok=True)
+        tmp = known.with_name(f".sha256.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=0, sort_keys=True))
+        os.replace(tmp, known)  # a lost update between two writers only costs one more hashing
+    except (OSError, ValueError):
+        pass
+    return digest
 
 
 def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:

@@ -165,6 +165,38 @@ def compose_batch(
     return Batch(tuple(members), position, tuple(f.id for f in fillers))
 
 
+#: what fills a batch around the target: seeded fillers (one measured run per batch), or copies
+#: of the target prompt (every member a measured run: N concurrent requests of one prompt)
+BATCH_FILLS = ("fillers", "copies")
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """One batch to run, and which of its members are measured runs: (position, repeat) pairs."""
+
+    batch: Batch
+    runs: tuple[tuple[int, int], ...]
+
+
+def plan_batches(prompt_set: PromptSet, target: Prompt, batch_size: int, repeats: int, filler_seed: int,
+                 fill: str = "fillers") -> list[PlannedBatch]:
+    """The batches that give `repeats` runs of `target`, in run order.
+
+    With fillers, repeat r is the target of batch r. With copies, batch k is `batch_size` copies
+    of the target and its member p is repeat k*batch_size + p; the last batch keeps its full size
+    (the batch shape is the setting) and measures only the repeats still wanted.
+    """
+    if fill == "fillers":
+        batches = (compose_batch(prompt_set, target, batch_size, r, filler_seed) for r in range(repeats))
+        return [PlannedBatch(b, ((b.target_position, r),)) for r, b in enumerate(batches)]
+    copies = Batch((target,) * batch_size, 0, ())
+    out = []
+    for first in range(0, repeats, batch_size):
+        runs = tuple((p, first + p) for p in range(batch_size) if first + p < repeats)
+        out.append(PlannedBatch(copies, runs))
+    return out
+
+
 class ChatTemplate:
     """A model's own (Jinja) chat template, compiled once, rendered per user message.
 

@@ -107,6 +107,11 @@ def allowed_env() -> dict[str, str]:
     }
 
 
+def env_json() -> str:
+    """The allowed environment variables of this process, as the rows' `env` column holds them."""
+    return json.dumps(allowed_env(), sort_keys=True)
+
+
 def collect(gpus: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """Run-level provenance, the same for every row of one `harness run`."""
     gpus = detect_gpus() if gpus is None else gpus
@@ -125,7 +130,7 @@ def collect(gpus: list[dict[str, str]] | None = None) -> dict[str, Any]:
         "python_version": platform.python_version(),
         "harness_version": harness.__version__,
         "git_commit": git_commit(),
-        "env": json.dumps(allowed_env(), sort_keys=True),
+        "env": env_json(),
         "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID", ""),
         "job_array_index": os.environ.get("SLURM_ARRAY_TASK_ID") or os.environ.get("PBS_ARRAY_INDEX", ""),
     }

@@ -10,6 +10,8 @@ the snapshot kept in the manifest, never the live YAML file, which may have chan
     format, manifest_version, schema_version (of the rows),
     experiments: [{fingerprint, name, source, base, adopted_at, snapshot}]   # current ones
     cells: {cell_id: {experiment, statuses, run_id, writer, written_at}}     # as they landed
+    partial: {cell_id: {parts: [file names], rows, run_id, updated_at}}      # checkpoints of cells
+                                                                             # not yet landed
 
 Updates are read-modify-write under an exclusive lock on `.manifest.lock` and land by an
 atomic rename, so array tasks writing into one shared folder never lose each other's entries.
@@ -25,15 +27,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-import pandas as pd
 
 import harness
 from harness.config import LoadedExperiment, load_snapshot
 from harness.errors import HarnessError
 from harness.matrix import Cell, expand
 from harness.store import SCHEMA_VERSION, Store, writer_tag
+
+if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` starts faster
+    import pandas as pd
+
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "determinism-harness results"
@@ -142,6 +147,8 @@ class ResultsFolder:
 
         def change(data: dict[str, Any]) -> None:
             current = [e["fingerprint"] for e in data["experiments"]]
+            if "failed" not in counts:  # the whole cell now stands for its checkpoints; a failed one
+                data.get("partial", {}).pop(cell_id, None)  # keeps them for the rerun
             data["cells"][cell_id] = {
                 "experiment": current[0] if len(current) == 1 else current,
                 "statuses": counts,
@@ -153,9 +160,48 @@ class ResultsFolder:
         self._update(change)
 
     def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str) -> None:
-        """Write a cell's rows (atomically), then record it in the manifest."""
+        """Write a cell's rows (atomically), record it in the manifest, then drop its checkpoints.
+
+        A failed cell keeps its checkpoints: the rerun resumes from them.
+        """
         self.store.write_cell(cell_id, rows)
         self.register(cell_id, [r["status"] for r in rows], run_id)
+        if "failed" not in {r["status"] for r in rows}:
+            self.store.remove_parts(cell_id)
+
+    # -- checkpoints of a cell still running ------------------------------------------------
+
+    def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]], run_id: str) -> None:
+        """Keep rows of finished batches of a running cell: the part file first, then the manifest
+        entry that makes it count (a part the manifest does not name is never read)."""
+        self.store.write_part(cell_id, name, rows)
+
+        def change(data: dict[str, Any]) -> None:
+            entry = data.setdefault("partial", {}).setdefault(cell_id, {"parts": [], "rows": 0})
+            entry["parts"].append(name)
+            entry["rows"] += len(rows)
+            entry["run_id"] = run_id
+            entry["updated_at"] = datetime.now(timezone.utc).isoformat()
+
+        self._update(change)
+
+    def checkpointed(self, cell_id: str) -> list[dict[str, Any]]:
+        """The rows a cell's recorded checkpoints hold, in the order they were written."""
+        entry = self.manifest().get("partial", {}).get(cell_id)
+        return [row for name in (entry or {}).get("parts", []) for row in self.store.read_part(cell_id, name)]
+
+    def partial(self) -> dict[str, int]:
+        """Cells with checkpoints not yet replaced by a done cell file: rows kept so far, by cell id."""
+        return {c: int(e.get("rows", 0)) for c, e in self.manifest().get("partial", {}).items()}
+
+    def drop_checkpoints(self, cell_id: str) -> None:
+        """Forget a cell's checkpoints (--force redoes the cell from its start)."""
+
+        def change(data: dict[str, Any]) -> bool:
+            return data.get("partial", {}).pop(cell_id, None) is not None
+
+        self._update(change)
+        self.store.remove_parts(cell_id)
 
     def join(self, other: ResultsFolder, cell_ids: list[str], allow_other_experiment: bool) -> None:
         """Take `other`'s experiments as current too, and its entries for `cell_ids` (merge)."""
@@ -244,6 +290,9 @@ class Results:
 
     def texts_for(self, hashes: set[str]) -> dict[str, list[str]]:
         return self.folder.store.texts_for(hashes, self.cell_ids)
+
+    def whole_texts_for(self, hashes: set[str]) -> dict[str, str]:
+        return self.folder.store.whole_texts_for(hashes, self.cell_ids)
 
     def logprobs_for(self, hashes: set[str]) -> dict[str, list[float]]:
         return self.folder.store.logprobs_for(hashes, self.cell_ids)

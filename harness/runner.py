@@ -55,12 +55,14 @@ class Runner:
         folder: ResultsFolder,
         reporter: Reporter | None = None,
         group_timeout_s: float | None = None,
+        checkpoint_s: float = 10.0,
     ) -> None:
         self.loaded = loaded
         self.folder = folder
         self.store = folder.store
         self.reporter = reporter or SilentReporter()
         self.group_timeout_s = group_timeout_s
+        self.checkpoint_s = checkpoint_s
         self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
         #: the folder now holds this experiment; what it held before (if other) went stale
         self.adoption = folder.adopt(loaded)
@@ -91,7 +93,8 @@ class Runner:
             self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
             return
         log_path = self.store.root / "logs" / f"{grp.id}.log"
-        order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path))
+        order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path),
+                          checkpoint_s=self.checkpoint_s, prov=rows.prov)
         env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
         missing = [c for c in cells if not self.store.cell_path(c.id).is_file()]
@@ -122,6 +125,7 @@ class Runner:
             if force:
                 for cell in pending:
                     self.store.cell_path(cell.id).unlink(missing_ok=True)
+                    self.folder.drop_checkpoints(cell.id)
             self._run_group(grp, pending, rows, gpus)
             self._account(pending, result)
         return result

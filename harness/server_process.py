@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,26 +70,68 @@ class Concurrent:
         """True when every request was in flight at one moment: they really shared the server."""
         return max(s for s, _ in self.spans) < min(e for _, e in self.spans)
 
+    @property
+    def release_spread_s(self) -> float:
+        """Seconds between the first and the last request leaving the client."""
+        return max(s for s, _ in self.spans) - min(s for s, _ in self.spans)
+
 
 def post_concurrently(url: str, bodies: list[dict[str, Any]], timeout: float,
                       headers: dict[str, str] | None = None) -> Concurrent:
-    """POST all bodies at once (one thread each, released together by a barrier)."""
+    """POST all bodies at once through one asynchronous HTTP client, not a thread per request.
+
+    Every request is built first, then waits at a barrier; all are released together, so
+    they are in flight at once (`Concurrent.overlapped` says whether they were).
+    The pool holds one connection per request (so none waits for another's), and `timeout`
+    bounds each request's connect, read and write. A failed request fails the batch with the
+    server's words.
+    """
+    import asyncio
+
+    return asyncio.run(_post_all(url, bodies, timeout, headers or {}))
+
+
+async def _post_all(url: str, bodies: list[dict[str, Any]], timeout: float, headers: dict[str, str]) -> Concurrent:
+    import asyncio
+
+    import httpx
+
     n = len(bodies)
-    barrier = threading.Barrier(n)
     spans: list[tuple[float, float]] = [(0.0, 0.0)] * n
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, headers=headers) as client:
+        ready = 0
+        go = asyncio.Event()
 
-    def send(i: int) -> dict[str, Any]:
-        barrier.wait()
-        start = time.perf_counter()
+        async def send(i: int) -> dict[str, Any]:
+            nonlocal ready
+            encoded = json.dumps(bodies[i]).encode()
+            request = client.build_request("POST", url, content=encoded, headers={"Content-Type": "application/json"})
+            ready += 1
+            if ready == n:
+                go.set()
+            await go.wait()
+            start = time.perf_counter()
+            try:
+                response = await client.send(request)
+            except httpx.TimeoutException as exc:
+                raise RuntimeError(f"no answer from {url} within {timeout:.0f} s ({type(exc).__name__})") from None
+            except httpx.HTTPError as exc:
+                raise RuntimeError(f"cannot reach {url}: {type(exc).__name__} {exc}".rstrip()) from None
+            finally:
+                spans[i] = (start, time.perf_counter())
+            if response.status_code >= 400:
+                raise RuntimeError(f"HTTP {response.status_code} from {url}: {response.text[:500]}")
+            return response.json()
+
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(send(i)) for i in range(n)]
         try:
-            return post_json(url, bodies[i], timeout, headers)
+            answers = await asyncio.gather(*tasks)
         finally:
-            spans[i] = (start, time.perf_counter())
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        answers = list(pool.map(send, range(n)))
-    return Concurrent(answers, spans, time.perf_counter() - t0)
+            for task in tasks:
+                task.cancel()
+    return Concurrent(list(answers), spans, time.perf_counter() - t0)
 
 
 class ManagedServer:

@@ -6,15 +6,18 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import harness
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` starts faster
+    import pandas as pd
+
 
 #: 2 added token_texts and the probe_* columns; 3 the answer_* columns; 4 the prefix_cache,
 #: context_tokens, prefill_chunk and kv_cache_dtype axes, cached_tokens, context_tokens_used,
@@ -223,17 +226,47 @@ class Store:
         return path
 
     def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
-        """Write all rows of a cell at once: a reader sees the whole cell or none of it.
+        """Write all rows of a cell at once: a reader sees the whole cell or none of it."""
+        return self._write_rows(self.cell_path(cell_id), rows)
 
-        Swept engine options ('ENGINE.OPTION' keys) are setting columns of their own, as text.
-        """
+    def _write_rows(self, path: Path, rows: list[dict[str, Any]]) -> Path:
+        """Rows in the row schema, atomically. Swept engine options ('ENGINE.OPTION' keys) are
+        setting columns of their own, as text."""
         swept = sorted({k for r in rows for k in r if "." in k and k not in ROW_SCHEMA.names})
         schema = ROW_SCHEMA
         for name in swept:
             schema = schema.append(pa.field(name, pa.string()))
         rows = [r | {k: None if r.get(k) is None else str(r[k]) for k in swept} for r in rows] if swept else rows
         table = pa.Table.from_pylist(rows, schema=schema)
-        return self.atomic_write(self.cell_path(cell_id), lambda tmp: pq.write_table(table, tmp))
+        return self.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+    # -- checkpoints: the finished batches of a cell still running, under partial/<cell_id>/ --------
+
+    def part_dir(self, cell_id: str) -> Path:
+        return self.root / "partial" / cell_id
+
+    def write_part(self, cell_id: str, name: str, rows: list[dict[str, Any]]) -> Path:
+        """One checkpoint of a cell: rows of batches that finished since the last one (atomic)."""
+        return self._write_rows(self.part_dir(cell_id) / name, rows)
+
+    def read_part(self, cell_id: str, name: str) -> list[dict[str, Any]]:
+        """A checkpoint's rows as written; empty when the file is gone or unreadable."""
+        path = self.part_dir(cell_id) / name
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError):
+            return []
+        _refuse_newer(path, table)
+        return table.to_pylist()
+
+    def remove_parts(self, cell_id: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.part_dir(cell_id), ignore_errors=True)
+        try:
+            self.part_dir(cell_id).parent.rmdir()  # the last one out leaves no empty partial/
+        except OSError:
+            pass
 
     def write_meta(self, name: str, content: str) -> None:
         self.atomic_write(self.root / name, lambda tmp: tmp.write_text(content, encoding="utf-8"))
@@ -243,8 +276,9 @@ class Store:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def clean_stale(self) -> int:
-        """Remove temporary files whose writer (a process of this host) is gone."""
-        stale = [p for p in self.cells_dir.glob(".*.tmp") if _writer_gone(p)] if self.cells_dir.is_dir() else []
+        """Remove temporary files (of cells and checkpoints) whose writer, a process of this host, is gone."""
+        found = list(self.cells_dir.glob(".*.tmp")) + list((self.root / "partial").glob("*/.*.tmp"))
+        stale = [p for p in found if _writer_gone(p)]
         for path in stale:
             path.unlink(missing_ok=True)
         return len(stale)
@@ -284,11 +318,15 @@ class Store:
         """Each token of the outputs with these hashes decoded on its own (empty where not recorded)."""
         return self._lists_for("output_hash", "token_texts", hashes, cell_ids)
 
+    def whole_texts_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, str]:
+        """The decoded text of the outputs with these hashes."""
+        return self._lists_for("output_hash", "text", hashes, cell_ids)
+
     def logprobs_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[float]]:
         """Per-step log-probabilities with these logprobs_hash values (one row each)."""
         return self._lists_for("logprobs_hash", "logprobs", hashes, cell_ids)
 
-    def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None) -> dict[str, list]:
+    def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None) -> dict[str, Any]:
         import pyarrow.dataset as ds
 
         files = self.cell_files(cell_ids)

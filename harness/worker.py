@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.config import LoadedExperiment
 from harness.matrix import Cell, Group
@@ -37,6 +37,10 @@ class WorkOrder:
     log: str
     fd: int = -1
     parent_pid: int = 0
+    #: seconds between checkpoints of a running cell's finished batches (0: after every batch)
+    checkpoint_s: float = 10.0
+    #: run-level provenance the parent collected (None: the worker collects it)
+    prov: dict[str, Any] | None = None
 
 
 class PipeReporter:
@@ -96,7 +100,9 @@ class GroupRunner:
         self.folder = ResultsFolder(Path(order.out))
         self.reporter = reporter
         self.log_path = Path(order.log) if order.log else None
-        self.rows = RowMaker(self.loaded, order.run_id, provenance.collect())
+        # the parent's provenance, but the environment as this worker has it (the engine's variables set)
+        prov = provenance.collect() if order.prov is None else order.prov | {"env": provenance.env_json()}
+        self.rows = RowMaker(self.loaded, order.run_id, prov)
         #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
         self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
 
@@ -133,9 +139,10 @@ class GroupRunner:
         from harness import answers
         from harness.context import with_context
         from harness.engines.base import Unsupported
-        from harness.prompts import compose_batch
+        from harness.prompts import plan_batches
 
-        sampling = cell.sampling(self.exp.max_tokens, self.exp.unseeded_fillers)
+        copies = self.exp.batch_fill == "copies"
+        sampling = cell.sampling(self.exp.max_tokens, self.exp.unseeded_fillers, copies)
         cache = cell["prefix_cache"]
         prompt_set = self.loaded.prompt_set
         size = cell["batch_size"]
@@ -145,36 +152,46 @@ class GroupRunner:
             return self.rows.status_rows(cell, "unsupported", str(exc))
         except Exception as exc:  # noqa: BLE001 - the tokenizer broke (a server died): this cell fails
             return self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size()))
-        warm = compose_batch(prompt_set, prompt_set.prompts[0], size, 0, self.exp.filler_seed)
+        plans = {p.id: plan_batches(prompt_set, p, size, self.exp.repeats, self.exp.filler_seed, self.exp.batch_fill)
+                 for p in prompt_set.prompts}
+        progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols)
+        if progress.kept:
+            self.reporter.log(f"cell {cell.id}: {len(progress.kept)} run(s) kept from checkpoints; resuming")
+            self.reporter.advance(len(progress.kept))
+        warm = plans[prompt_set.prompts[0].id][0].batch
         since = self._log_size()  # causes logged from here on explain this cell's failures
         try:  # warm-up: first use of a batch shape is not timed
-            engine.generate([with_context(context, p.text) for p in warm.prompts], warm.target_position,
-                            replace(sampling, max_tokens=2))
+            engine.warm_up([with_context(context, p.text) for p in warm.prompts], warm.target_position, sampling)
         except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
             pass
-        rows = []
-        for prompt in prompt_set.prompts:
-            for repeat in range(self.exp.repeats):
-                batch = compose_batch(prompt_set, prompt, size, repeat, self.exp.filler_seed)
-                base = self.rows.base(cell, prompt.id, repeat, engine_cols) | {
-                    "batch_position": batch.target_position,
-                    "filler_ids": list(batch.filler_ids),
-                    "context_tokens_used": context_used,
-                }
-                texts = [with_context(context, p.text) for p in batch.prompts]
-                try:
-                    if probes is None:
-                        out, probe_cols = engine.generate(texts, batch.target_position, sampling, cache=cache), {}
-                    else:
-                        out, probe_cols = probes.generate(texts, batch.target_position, sampling, cache)
-                    found = answers.columns(out.target.text, prompt.answer, prompt.parse)
-                    rows.append(self.rows.ok(base, out) | probe_cols | found)
-                except Unsupported as exc:  # the engine's declared rules refuse this, before running it
-                    rows.append(base | {"status": "unsupported", "error": str(exc)})
-                except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
-                    rows.append(base | {"status": "failed", "error": self._explain(exc, since)})
-                self.reporter.advance(1)
-        return rows
+        todo = [(prompt, plan) for prompt in prompt_set.prompts for plan in plans[prompt.id]
+                if not all(progress.has(prompt.id, r) for _, r in plan.runs)]
+        for index, (prompt, plan) in enumerate(todo):
+            batch = plan.batch
+            runs = [(pos, r) for pos, r in plan.runs if not progress.has(prompt.id, r)]
+            bases = [self.rows.base(cell, prompt.id, r, engine_cols) | {
+                "batch_position": pos,
+                "filler_ids": list(batch.filler_ids),
+                "context_tokens_used": context_used,
+            } for pos, r in runs]
+            texts = [with_context(context, p.text) for p in batch.prompts]
+            try:
+                if probes is None:
+                    out, probe_cols = engine.generate(texts, batch.target_position, sampling, cache=cache,
+                                                      members=copies), {}
+                else:
+                    out, probe_cols = probes.generate(texts, batch.target_position, sampling, cache)
+                outputs = [replace(out, target=out.members[pos]) for pos, _ in runs] if copies else [out]
+                rows = [self.rows.ok(base, o) | probe_cols | answers.columns(o.target.text, prompt.answer, prompt.parse)
+                        for base, o in zip(bases, outputs)]
+            except Unsupported as exc:  # the engine's declared rules refuse this, before running it
+                rows = [base | {"status": "unsupported", "error": str(exc)} for base in bases]
+            except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
+                rows = [base | {"status": "failed", "error": self._explain(exc, since)} for base in bases]
+            progress.add(rows, more=index < len(todo) - 1)
+            self.reporter.advance(len(rows))
+        order = {p.id: i for i, p in enumerate(prompt_set.prompts)}
+        return progress.rows(lambda r: (order[r["prompt_id"]], r["repeat"]))
 
     def run(self) -> None:
         from harness.engines import engine_class
@@ -204,6 +221,55 @@ class GroupRunner:
             probes = LogitProbes(engine, logits=self.exp.probe_logits, prefill=self.exp.probe_prefill) if wanted else None
             for cell in cells:
                 self._land(cell, self._cell(engine, cell, engine_cols, probes))
+
+
+class CellProgress:
+    """The runs of one cell so far: those kept by earlier checkpoints, and new ones, checkpointed
+    at most every `every_s` seconds as their batches finish (0: after every batch).
+
+    Kept rows count only when they were made by the same engine version and model file as this
+    load, and ended ok or refused; failed ones run again.
+    """
+
+    def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any]) -> None:
+        from harness.store import DONE_STATUSES
+
+        self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
+        same = ("engine_version", "model_sha256")
+        self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
+                     if r["status"] in DONE_STATUSES and all(r.get(k) == engine_cols.get(k) for k in same)}
+        self.new: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []
+        self._parts = 0
+        self._last = time.monotonic()
+
+    def has(self, prompt_id: str, repeat: int) -> bool:
+        return (prompt_id, repeat) in self.kept
+
+    def add(self, rows: list[dict[str, Any]], more: bool) -> None:
+        """Rows of a finished batch; checkpointed when the interval has passed and batches remain
+        (after the last one, the whole cell lands instead)."""
+        self.new += rows
+        self._pending += rows
+        if more and time.monotonic() - self._last >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        from harness.store import DONE_STATUSES
+
+        keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
+        if keep:
+            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep, self.run_id)
+            self._parts += 1
+        self._pending = []
+        self._last = time.monotonic()
+
+    def rows(self, key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+        """Every run of the cell, in run order. A cell with failed runs first checkpoints its good
+        new ones, so that the rerun redoes only what failed."""
+        if any(r["status"] == "failed" for r in self.new):
+            self.flush()
+        return sorted([*self.kept.values(), *self.new], key=key)
 
 
 def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:

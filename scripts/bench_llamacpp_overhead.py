@@ -4,7 +4,11 @@ Both decode the same batch (N chat-formatted prompts, greedy, ignore EOS, same t
 on the same loaded model with the same context settings, alternating run by run so drift
 hits both alike. Prints aggregate tokens/s of each and the ratio harness / bare (goal >= 0.95).
 
-    python scripts/bench_llamacpp_overhead.py [--tokens 64] [--rounds 5] [--sizes 1,8]
+    python scripts/bench_llamacpp_overhead.py [--tokens 64] [--rounds 5] [--sizes 1,8] [--model NAME_OR_GGUF]
+
+`--model` takes a registry name or a .gguf path; a large-vocabulary one (the harness computes a
+log-softmax and top-2 margin over the whole vocabulary at every step) is made by
+`scripts/make_large_vocab_gguf.py` (200,064 tokens).
 """
 
 from __future__ import annotations
@@ -55,14 +59,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default="1,8")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model", default="smollm2-135m", help="registry name or .gguf path")
     args = parser.parse_args()
 
     root = Path(__file__).resolve().parent.parent
     prompts = load_prompt_set("prompts/default.yaml", root, where="bench")
     options = {"ignore_eos": True, "n_ctx": 512} | ({"n_threads": args.threads} if args.threads else {})
-    engine = LlamaCppEngine(LoadSpec("llamacpp", "smollm2-135m", "auto", "cpu", False, options), print)
+    engine = LlamaCppEngine(LoadSpec("llamacpp", args.model, "auto", "cpu", False, options), print, Path.cwd())
     sampling = Sampling(0.0, 1.0, 0, 0, args.tokens)
-    print(f"model {engine.model_path.name}, {engine.n_threads} threads, {args.tokens} tokens per sequence")
+    print(f"model {engine.model_path.name} ({engine.n_vocab} tokens of vocabulary), {engine.n_threads} threads, "
+          f"{args.tokens} tokens per sequence")
     print(HEADER + f"  (medians of {args.rounds} alternating rounds)")
     for n in [int(x) for x in args.sizes.split(",")]:
         batch = compose_batch(prompts, prompts.prompts[1], n, 0, 0)

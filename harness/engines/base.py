@@ -49,10 +49,12 @@ class Sampling:
     max_tokens: int
     #: fillers are sent without a seed (the engine picks one), as a mixed batch of clients does
     unseeded_fillers: bool = False
+    #: the batch is copies of one prompt, each a run of its own: every copy gets the cell's seed
+    copies: bool = False
 
     def seed_for(self, position: int, target: int) -> int | None:
         """The target uses the cell's seed wherever it sits; fillers get seeds derived from it, or none."""
-        if position == target:
+        if position == target or self.copies:
             return self.seed
         return None if self.unseeded_fillers else (self.seed + 7919 * (position + 1)) % (2**32 - 1)
 
@@ -86,6 +88,9 @@ class BatchOutput:
     #: prompt tokens of the target whose KV was reused from an earlier request, as the engine counts
     #: them (None where it does not say)
     cached_tokens: int | None = None
+    #: every member's output in batch order (the target's included), filled only when asked for
+    #: (`members=True`); the timings above are the batch's
+    members: list[SequenceOutput] = field(default_factory=list)
 
 
 def template_sha256(template: str | bytes | None) -> str:
@@ -136,13 +141,22 @@ class Engine(ABC):
     @abstractmethod
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
-        cache: str = "off",
+        cache: str = "off", members: bool = False,
     ) -> BatchOutput:
         """Run one batch together; return the output of prompts[target] in detail.
 
         `cache` is the prefix_cache mode (CACHE_MODES); an engine that cannot do one raises Unsupported.
-        `observe` is given only to engines whose logit_probe_unavailable is None.
+        `observe` is given only to engines whose logit_probe_unavailable is None. With `members`,
+        every member runs to its end and BatchOutput.members holds each one's output.
         """
+
+    def warm_up(self, prompts: list[str], target: int, sampling: Sampling) -> None:
+        """Run before a cell's timed batches, so that what the first use of this batch shape costs
+        (allocations, graph capture, compilation) is not in any row's timing. Default: the batch
+        itself, two tokens long; an engine with cheaper means overrides it."""
+        from dataclasses import replace
+
+        self.generate(prompts, target, replace(sampling, max_tokens=2))
 
     def count_tokens(self, text: str) -> int | None:
         """Tokens of `text` alone (no template, no BOS) in this engine's tokenizer; None: no tokenizer."""

@@ -170,13 +170,21 @@ class LlamaServerEngine(Engine):
         if need > self.per_slot:
             self._start(slots, max(self.opts.n_ctx, -(-need // 256) * 256))
 
+    def warm_up(self, prompts: list[str], target: int, sampling: Sampling) -> None:
+        """The server with n slots started (its one-time cost), the prompts templated and measured,
+        and a one-token request on every slot, all at once, without a full prefill of the batch."""
+        self._ensure(len(prompts), prompts, sampling.max_tokens)
+        bodies = [{"prompt": "a", "n_predict": 1, "temperature": 0.0, "cache_prompt": False, "id_slot": i}
+                  for i in range(len(prompts))]
+        post_concurrently(f"{self.url}/completion", bodies, self.opts.request_timeout_s)
+
     def _erase_slots(self) -> None:
         for slot in range(self.slots):
             post_json(f"{self.url}/slots/{slot}?action=erase", {}, self.opts.request_timeout_s)
 
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
-        cache: str = "off",
+        cache: str = "off", members: bool = False,
     ) -> BatchOutput:
         n = len(prompts)
         self._ensure(n, prompts, sampling.max_tokens)
@@ -212,23 +220,9 @@ class LlamaServerEngine(Engine):
             raise
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
-        ids = [int(t) for t in answer.get("tokens", [])]
-        chosen, margins, pieces = [], [], []
-        for step in answer.get("completion_probabilities", []):
-            pieces.append(str(step.get("token", "")))
-            chosen.append(float(step.get("logprob", math.nan)))
-            top = step.get("top_logprobs", [])
-            margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
         timings = answer.get("timings", {})
-        finish = "length" if answer.get("stop_type") == "limit" else "stop"
-        if answer.get("stop_type") == "eos" and ids:
-            # The server lists the end-of-generation token; like the other engines' rows, it is
-            # a decision step (logprobs, margins), not output.
-            ids, pieces = ids[:-1], pieces[:-1]
         return BatchOutput(
-            target=SequenceOutput(
-                ids, answer.get("content", ""), finish, chosen, margins, pieces if len(pieces) == len(ids) else []
-            ),
+            target=_sequence(answer),
             prompt_tokens=int(answer.get("tokens_evaluated", 0)),
             prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
@@ -236,10 +230,14 @@ class LlamaServerEngine(Engine):
             wall_s=wall,
             batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
             cached_tokens=_cached(answer),
+            members=[_sequence(a) for a in answers] if members else [],
             detail={
-                "id_slot": answer.get("id_slot"),
+                # with members, a row is one member: each member's slot, in batch order
+                **({"member_slots": [a.get("id_slot") for a in answers]} if members
+                   else {"id_slot": answer.get("id_slot")}),
                 "slots_used": sorted({a.get("id_slot") for a in answers}),
                 "requests_overlapped": sent.overlapped,
+                "release_spread_s": round(sent.release_spread_s, 6),
                 "server_prompt_ms": timings.get("prompt_ms"),
                 "server_predicted_ms": timings.get("predicted_ms"),
             },
@@ -258,6 +256,24 @@ class LlamaServerEngine(Engine):
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+def _sequence(answer: dict[str, Any]) -> SequenceOutput:
+    """One /completion answer as an output: token ids, text, per-step log-probability and top-2 margin."""
+    ids = [int(t) for t in answer.get("tokens", [])]
+    chosen, margins, pieces = [], [], []
+    for step in answer.get("completion_probabilities", []):
+        pieces.append(str(step.get("token", "")))
+        chosen.append(float(step.get("logprob", math.nan)))
+        top = step.get("top_logprobs", [])
+        margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
+    finish = "length" if answer.get("stop_type") == "limit" else "stop"
+    if answer.get("stop_type") == "eos" and ids:
+        # The server lists the end-of-generation token; like the other engines' rows, it is
+        # a decision step (logprobs, margins), not output.
+        ids, pieces = ids[:-1], pieces[:-1]
+    return SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins,
+                          pieces if len(pieces) == len(ids) else [])
 
 
 def _cached(answer: dict[str, Any]) -> int | None:

@@ -278,6 +278,33 @@ class LlamaCppEngine(Engine):
             self._batch_cap = size
         return self._batch
 
+    def _per_seq(self, tokens: list[list[int]], max_tokens: int) -> int:
+        """Context per sequence: the option, or the longest prompt + max_tokens rounded up."""
+        need = max(len(t) for t in tokens) + max_tokens + 1
+        per_seq = self.opts.n_ctx or max(512, -(-need // 256) * 256)
+        if need > per_seq:
+            raise RuntimeError(f"prompt + max_tokens = {need} tokens exceeds n_ctx {per_seq}")
+        return per_seq
+
+    def warm_up(self, prompts: list[str], target: int, sampling: Sampling) -> None:
+        """This batch shape's one-time costs without a full prefill: the prompts templated and
+        tokenized (cached), the context for n sequences that generate will use, and a first
+        llama_decode of n sequences together (one token each, which starts the thread pool)."""
+        ll = self._ll
+        tokens = [self.prompt_tokens(p) for p in prompts]
+        ctx = self._context(len(prompts), self._per_seq(tokens, sampling.max_tokens))
+        memory = ll.llama_get_memory(ctx)
+        ll.llama_memory_clear(memory, True)
+        batch = self._ensure_batch(max(self.prefill_step, len(prompts)))
+        for i, t in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t[0], 0, 1
+            batch.seq_id[i][0], batch.logits[i] = i, True
+        batch.n_tokens = len(tokens)
+        rc = ll.llama_decode(ctx, batch)
+        ll.llama_memory_clear(memory, True)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
     def _samplers(self, n: int, target: int, sampling: Sampling) -> list[Any]:
         """One llama.cpp sampler chain per sequence (None = greedy argmax), seeded per request.
 
@@ -302,16 +329,12 @@ class LlamaCppEngine(Engine):
     # -- generation ---------------------------------------------------------------
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
-        cache: str = "off",
+        cache: str = "off", members: bool = False,
     ) -> BatchOutput:
         ll = self._ll
         n = len(prompts)
         tokens = [self.prompt_tokens(p) for p in prompts]
-        need = max(len(t) for t in tokens) + sampling.max_tokens + 1
-        per_seq = self.opts.n_ctx or max(512, -(-need // 256) * 256)
-        if need > per_seq:
-            raise RuntimeError(f"prompt + max_tokens = {need} tokens exceeds n_ctx {per_seq}")
-        ctx = self._context(n, per_seq)
+        ctx = self._context(n, self._per_seq(tokens, sampling.max_tokens))
         memory = ll.llama_get_memory(ctx)
         ll.llama_memory_clear(memory, True)
         batch = self._ensure_batch(max(self.prefill_step, n))
@@ -322,8 +345,9 @@ class LlamaCppEngine(Engine):
         scratch = np.empty(n_vocab, dtype=np.float32)
 
         outs: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[float] = []
-        margins: list[float] = []
+        # per-step statistics of the target (and, with members, of every sequence)
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        margins: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
         live = [True] * n
         pos = [len(t) for t in tokens]
@@ -338,12 +362,12 @@ class LlamaCppEngine(Engine):
             else:
                 tok = int(ll.llama_sampler_sample(samplers[seq], ctx, idx))
                 logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, idx), shape=(n_vocab,))
-            if seq == target:
-                if observe is not None:
-                    observe(len(logprobs), logits, tok)
+            if seq == target or members:
+                if observe is not None and seq == target:
+                    observe(len(logprobs[seq]), logits, tok)
                 lp, margin = _step_stats(logits, tok, scratch)
-                logprobs.append(lp)
-                margins.append(margin)
+                logprobs[seq].append(lp)
+                margins[seq].append(margin)
             generated += 1
             if not ignore_eos and ll.llama_vocab_is_eog(vocab, tok):
                 finish[seq], live[seq] = "stop", False
@@ -386,23 +410,26 @@ class LlamaCppEngine(Engine):
                         pick(seq, i)
             t_prefill = time.perf_counter()
             t_target = t_prefill
-            while live[target]:
+            while live[target] or (members and any(live)):
                 order = [s for s in range(n) if live[s]]
                 decode([(outs[s][-1], pos[s] + len(outs[s]) - 1, s, True) for s in order])
                 for i, seq in enumerate(order):
                     pick(seq, i)
-                t_target = time.perf_counter()
+                if target in order:  # the target's time ends with its last step
+                    t_target = time.perf_counter()
             t_end = time.perf_counter()
         finally:
             for chain in samplers:
                 if chain is not None:
                     ll.llama_sampler_free(chain)
 
-        ids = outs[target]
+        def output(seq: int) -> SequenceOutput:
+            ids = outs[seq]
+            return SequenceOutput(ids, self.detokenize(ids), finish[seq], logprobs[seq], margins[seq],
+                                  [self.detokenize([t]) for t in ids])
+
         return BatchOutput(
-            target=SequenceOutput(
-                ids, self.detokenize(ids), finish[target], logprobs, margins, [self.detokenize([t]) for t in ids]
-            ),
+            target=output(target),
             prompt_tokens=len(tokens[target]),
             prefill_s=t_prefill - t0,
             ttft_s=t_prefill - t0,
@@ -410,6 +437,7 @@ class LlamaCppEngine(Engine):
             wall_s=t_end - t0,
             batch_generated_tokens=generated,
             cached_tokens=reused,
+            members=[output(s) for s in range(n)] if members else [],
         )
 
     def describe(self) -> dict[str, Any]:

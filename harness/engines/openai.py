@@ -105,7 +105,8 @@ class OpenAIEngine(Engine):
         return list(out[: max(n, 0)])
 
     def generate(
-        self, prompts: list[str], target: int, sampling: Sampling, observe: Any = None, cache: str = "off"
+        self, prompts: list[str], target: int, sampling: Sampling, observe: Any = None, cache: str = "off",
+        members: bool = False,
     ) -> BatchOutput:
         if cache != "off":
             raise Unsupported(f"prefix_cache {cache}: the OpenAI-compatible API has no per-request prefix-cache "
@@ -134,6 +135,29 @@ class OpenAIEngine(Engine):
                                  headers=self._headers)
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
+        target_out, source, missing = self._sequence(answer)
+        usage = answer.get("usage", {})
+        return BatchOutput(
+            target=target_out,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            prefill_s=None,
+            ttft_s=None,
+            target_s=spans[target][1] - spans[target][0],
+            wall_s=wall,
+            batch_generated_tokens=sum(int(a.get("usage", {}).get("completion_tokens", 0)) for a in answers),
+            members=[self._sequence(a)[0] for a in answers] if members else [],
+            detail={
+                "token_source": source,
+                "requests_overlapped": sent.overlapped,
+                "release_spread_s": round(sent.release_spread_s, 6),
+                "system_fingerprint": answer.get("system_fingerprint"),
+                "server_model": answer.get("model"),
+                "not_returned": missing,
+            },
+        )
+
+    def _sequence(self, answer: dict[str, Any]) -> tuple[SequenceOutput, str, list[str]]:
+        """One chat completion as an output, where its token ids came from, and what the server left out."""
         choice = answer["choices"][0]
         text = choice.get("message", {}).get("content") or ""
         steps = (choice.get("logprobs") or {}).get("content") or []
@@ -147,26 +171,8 @@ class OpenAIEngine(Engine):
         chosen = [float(s.get("logprob", math.nan)) for s in steps]
         margins = [float(s["top_logprobs"][0]["logprob"] - s["top_logprobs"][1]["logprob"])
                    if len(s.get("top_logprobs", [])) >= 2 else math.nan for s in steps]
-        usage = answer.get("usage", {})
-        return BatchOutput(
-            target=SequenceOutput(
-                ids, text, str(choice.get("finish_reason")), chosen, margins,
-                _pieces(steps, len(ids)),
-            ),
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            prefill_s=None,
-            ttft_s=None,
-            target_s=spans[target][1] - spans[target][0],
-            wall_s=wall,
-            batch_generated_tokens=sum(int(a.get("usage", {}).get("completion_tokens", 0)) for a in answers),
-            detail={
-                "token_source": source,
-                "requests_overlapped": sent.overlapped,
-                "system_fingerprint": answer.get("system_fingerprint"),
-                "server_model": answer.get("model"),
-                "not_returned": missing,
-            },
-        )
+        out = SequenceOutput(ids, text, str(choice.get("finish_reason")), chosen, margins, _pieces(steps, len(ids)))
+        return out, source, missing
 
     def describe(self) -> dict[str, Any]:
         version = ""

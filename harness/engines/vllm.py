@@ -190,7 +190,7 @@ class VllmEngine(Engine):
 
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
-        cache: str = "off",
+        cache: str = "off", members: bool = False,
     ) -> BatchOutput:
         from vllm import SamplingParams
 
@@ -220,18 +220,11 @@ class VllmEngine(Engine):
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         wall = time.perf_counter() - t0
         result = outputs[target].outputs[0]
-        ids = list(result.token_ids)
-        steps = _step_stats(result.logprobs or [], ids)
         if observe is not None:
-            self._observe(result.logprobs or [], ids, observe)
-        if result.finish_reason == "stop" and ids and ids[-1] in self._eos and not self.opts.ignore_eos:
-            ids = ids[:-1]  # like llama.cpp rows: the end-of-generation token is a step, not output
+            self._observe(result.logprobs or [], list(result.token_ids), observe)
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
         return BatchOutput(
-            target=SequenceOutput(
-                ids, self.tokenizer.decode(ids), str(result.finish_reason), *steps,
-                [self.tokenizer.decode([t]) for t in ids],
-            ),
+            target=self._sequence(result),
             prompt_tokens=len(inputs[target]["prompt_token_ids"]),
             prefill_s=None,
             ttft_s=None,
@@ -239,7 +232,17 @@ class VllmEngine(Engine):
             wall_s=wall,
             batch_generated_tokens=generated,
             cached_tokens=getattr(outputs[target], "num_cached_tokens", None),
+            members=[self._sequence(o.outputs[0]) for o in outputs] if members else [],
         )
+
+    def _sequence(self, result: Any) -> SequenceOutput:
+        """One request's completion as an output; its log-probabilities are the chosen token's and top-2."""
+        ids = list(result.token_ids)
+        steps = _step_stats(result.logprobs or [], ids)
+        if result.finish_reason == "stop" and ids and ids[-1] in self._eos and not self.opts.ignore_eos:
+            ids = ids[:-1]  # like llama.cpp rows: the end-of-generation token is a step, not output
+        return SequenceOutput(ids, self.tokenizer.decode(ids), str(result.finish_reason), *steps,
+                              [self.tokenizer.decode([t]) for t in ids])
 
     def _observe(self, logprobs: list[dict[int, Any]], ids: list[int], observe: StepObserver) -> None:
         """Replay the target's steps to a probe after the fact (vLLM returns them all at the end)."""

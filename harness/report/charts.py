@@ -28,6 +28,8 @@ class Charts:
     varying: list[str]  # the axes that vary in these results (they name the series)
     #: answer_metrics.answer_summary, with a series label (empty without prompts that carry answers)
     answers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: harness.splits records with a series label and each split's depth (see `add_splits`)
+    splits: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
@@ -107,3 +109,24 @@ def compute(
         varying=varying,
         answers=answers,
     )
+
+
+def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) -> Charts:
+    """The split trees of these rows (harness.splits), labelled like the other charts' series.
+
+    `depth` is 0 for a cell's first split, 1 for a split inside one of its branches, and so on.
+    """
+    from harness.splits import splits
+
+    tree = splits(rows, tokens_for, texts_for, metrics.keys_of(rows))
+    if tree.empty:
+        return ch
+    tree.insert(0, "series", series_labels(tree, ch.varying))
+    depth: dict[tuple[str, str, int], int] = {}
+    levels = []
+    for cell, prompt, node, parent in zip(tree["cell_id"], tree["prompt_id"], tree["node"], tree["parent_node"]):
+        level = depth.setdefault((cell, prompt, node), depth.get((cell, prompt, parent), -1) + 1)
+        levels.append(level)
+    tree.insert(tree.columns.get_loc("node"), "depth", levels)
+    ch.splits = tree
+    return ch

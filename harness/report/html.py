@@ -14,9 +14,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness import metrics
+from harness.answer_metrics import ANSWER_ROW_COLUMNS
 from harness.config import AXES
 from harness.probes import PROBE_COLUMNS
 from harness.report import charts as charts_mod
@@ -26,6 +28,12 @@ from harness.results import Results
 FILTER_AXES = ("engine", "batch_size", "dtype", "gpu", "batch_invariant", "model", "seed", "temperature")
 PROVENANCE = ("host", "platform", "cpu", "cpu_count", "gpu_name", "gpu_count", "gpu_driver", "cuda_version",
               "engine_version", "python_version", "harness_version", "git_commit", "library_versions")
+
+
+#: the row columns the page needs (token lists and texts are read per distinct output, not per run)
+REPORT_COLUMNS = list(dict.fromkeys(
+    metrics.ROW_COLUMNS + ANSWER_ROW_COLUMNS + ["margins", "run_id", "max_tokens", "experiment"]
+    + list(PROVENANCE) + list(PROBE_COLUMNS)))
 
 
 def _plain(value: Any) -> Any:
@@ -55,17 +63,81 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [_plain(r) for r in frame.to_dict(orient="records")]
 
 
-def _outputs(ok: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Each distinct output once: its per-token texts, or the whole text where the engine gave none."""
-    out: dict[str, dict[str, Any]] = {}
-    for h, pieces, text in zip(ok["output_hash"], ok["token_texts"], ok["text"]):
-        if h in out:
-            continue
-        if pieces is not None and len(pieces):
-            out[h] = {"t": [str(p) for p in pieces]}
-        else:
-            out[h] = {"t": [text or ""], "whole": True}
+def _outputs(ok: pd.DataFrame, results: Results) -> dict[str, dict[str, Any]]:
+    """Each distinct output once: its per-token texts, or the whole text where the engine gave none.
+
+    Read for the distinct outputs only, so a million mostly identical runs cost their few outputs.
+    """
+    hashes = set(ok["output_hash"].dropna())
+    pieces = results.texts_for(hashes)
+    missing = {h for h in hashes if not len(pieces.get(h) or [])}
+    whole = results.whole_texts_for(missing) if missing else {}
+    out: dict[str, dict[str, Any]] = {h: {"t": [str(p) for p in pieces[h]]} for h in hashes - missing}
+    for h in missing:
+        out[h] = {"t": [whole.get(h) or ""], "whole": True}
     return out
+
+
+def _ranges(repeats: list[int]) -> list[list[int]]:
+    """Sorted repeat numbers as [first, last] runs of consecutive ones: 1000 repeats, a few pairs."""
+    out: list[list[int]] = []
+    for r in sorted(repeats):
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs viewer's entries: runs of one cell and prompt that show the same thing (output,
+    verdict, split, margins, probe numbers) are one entry with their count and repeat ranges;
+    throughput is their median. The reference run is an entry of its own."""
+    frame = ok.copy()
+    frame["_margin_run"] = [margins.get(i, {}).get("margin_run") for i in frame.index]
+    frame["_margin_ref"] = [margins.get(i, {}).get("margin_reference") for i in frame.index]
+    probe = [c for c in PROBE_COLUMNS if c in frame and frame[c].notna().any()]
+    keys = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
+            "n_tokens", "_margin_run", "_margin_ref"] + probe
+    entries = []
+    for values, part in frame.groupby(keys, dropna=False, sort=False):
+        r = dict(zip(keys, values))
+        first = part.iloc[0]
+        k = None if pd.isna(r["first_divergence"]) else int(r["first_divergence"])
+        run = {
+            "cell": r["cell_id"], "prompt": r["prompt_id"], "repeat": int(part["repeat"].min()),
+            "count": int(len(part)), "repeats": _ranges(part["repeat"].astype(int).tolist()), "status": "ok",
+            "s": {a: _plain(first[a]) for a in AXES}, "h": r["output_hash"], "n": int(r["n_tokens"]),
+            "ref": bool(r["is_reference"]),
+            "refcell": r["reference_cell"] if isinstance(r["reference_cell"], str) else None,
+            "m": None if pd.isna(r["matched"]) else bool(r["matched"]), "fd": k,
+            "tps": _plain(part["target_tokens_per_s"].median()),
+        }
+        if r["_margin_run"] is not None or r["_margin_ref"] is not None:
+            run["margin"] = [_plain(r["_margin_run"]), _plain(r["_margin_ref"])]
+        if probe and not pd.isna(r.get("probe_steps")):
+            run["probe"] = {c.removeprefix("probe_"): _plain(r[c]) for c in probe}
+        entries.append(run)
+    for values, part in problems.groupby(["cell_id", "prompt_id", "status", "error"], dropna=False, sort=False):
+        first = part.iloc[0]
+        entries.append({
+            "cell": values[0], "prompt": values[1], "repeat": int(part["repeat"].min()), "count": int(len(part)),
+            "repeats": _ranges(part["repeat"].astype(int).tolist()), "status": values[2],
+            "error": values[3] if isinstance(values[3], str) else "", "s": {a: _plain(first[a]) for a in AXES},
+            "ref": False,
+        })
+    return entries
+
+
+#: margin points the page draws at most; more are thinned evenly (the CSV of `harness plot` has all)
+MARGIN_POINTS = 3000
+
+
+def _margin_points(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    pts = frame.dropna(subset=["margin_run", "margin_reference"])
+    if len(pts) > MARGIN_POINTS:
+        pts = pts.iloc[np.linspace(0, len(pts) - 1, MARGIN_POINTS).astype(int)]
+    return _records(pts)
 
 
 def _probe_table(rows: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]:
@@ -75,6 +147,28 @@ def _probe_table(rows: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]
     table.insert(0, "series", charts_mod.series_labels(table, varying))
     return _records(table[["series", "batch_size", "runs", "steps", "steps_differed", "logits_compared",
                            "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"]])
+
+
+#: split records the page lists; a folder with more shows the largest splits and says how many it left out
+SPLITS_SHOWN = 400
+
+
+def _split_records(tree: pd.DataFrame) -> dict[str, Any]:
+    """The split trees for the page: the cells and prompts with the most runs first, whole trees only."""
+    if tree.empty:
+        return {"records": [], "left_out": 0}
+    size = tree[tree["depth"] == 0].groupby(["cell_id", "prompt_id"])["runs"].sum().sort_values(ascending=False)
+    shown, count = [], 0
+    for cell, prompt in size.index:
+        part = tree[(tree["cell_id"] == cell) & (tree["prompt_id"] == prompt)]
+        if count and count + len(part) > SPLITS_SHOWN:
+            break
+        shown.append(part)
+        count += len(part)
+    kept = pd.concat(shown)
+    columns = ["series", "prompt_id", "cell_id", "depth", "node", "parent_node", "split_at", "branch", "token_text",
+               "runs", "unique_outputs", "share"]
+    return {"records": _records(kept[columns]), "left_out": int(len(tree) - len(kept))}
 
 
 def _prompt_texts(results: Results) -> dict[str, str]:
@@ -87,32 +181,13 @@ def build(
 ) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
     reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
-    rows = store.read_rows()
+    rows = store.read_rows(REPORT_COLUMNS)
     annotated = metrics.against_reference(rows, store.tokens_for, reference, allow_mixed)
     chart = charts_mod.compute(rows, annotated, reference, allow_mixed, store.answer_prompts())
+    charts_mod.add_splits(chart, rows, store.tokens_for, store.texts_for)
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 
-    runs = []
-    for index, r in zip(annotated.index, annotated.itertuples(index=False)):
-        k = None if pd.isna(r.first_divergence) else int(r.first_divergence)
-        run = {
-            "cell": r.cell_id, "prompt": r.prompt_id, "repeat": int(r.repeat), "status": "ok",
-            "s": {a: _plain(getattr(r, a)) for a in AXES}, "h": r.output_hash, "n": int(r.n_tokens),
-            "ref": bool(r.is_reference), "refcell": r.reference_cell if isinstance(r.reference_cell, str) else None,
-            "m": None if pd.isna(r.matched) else bool(r.matched), "fd": k,
-            "tps": _plain(r.target_tokens_per_s),
-        }
-        if index in margins:
-            run["margin"] = [_plain(margins[index]["margin_run"]), _plain(margins[index]["margin_reference"])]
-        if not pd.isna(r.probe_steps):
-            run["probe"] = {c.removeprefix("probe_"): _plain(getattr(r, c)) for c in PROBE_COLUMNS}
-        runs.append(run)
-    for r in rows[rows["status"] != "ok"].itertuples(index=False):
-        runs.append({
-            "cell": r.cell_id, "prompt": r.prompt_id, "repeat": int(r.repeat), "status": r.status,
-            "error": r.error or "", "s": {a: _plain(getattr(r, a)) for a in AXES}, "ref": False,
-        })
-
+    runs = _run_entries(annotated, rows[rows["status"] != "ok"], margins)
     descriptions = [e.experiment.description for e in store.experiments if e.experiment.description]
     return {
         "meta": {
@@ -130,15 +205,17 @@ def build(
         },
         "filters": [a for a in FILTER_AXES if rows[a].nunique() > 1] or ["engine"],
         "prompts": _prompt_texts(store),
-        "outputs": _outputs(annotated),
+        "outputs": _outputs(annotated, store),
         "runs": runs,
         "charts": {
             "identical": _records(chart.identical),
-            "divergence": _records(chart.divergence),
-            "margins": _records(chart.margins),
+            "divergence": _records(chart.divergence.groupby(["series", "batch_size", "first_divergence"])
+                                   .size().rename("runs").reset_index()),
+            "margins": _margin_points(chart.margins),
             "slowdown": _records(chart.slowdown),
             "probes": _probe_table(rows, chart.varying),
             "answers": _records(chart.answers),
+            "splits": _split_records(chart.splits),
         },
     }
 

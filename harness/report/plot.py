@@ -89,9 +89,39 @@ def answers(ch: Charts):
     return plt, fig
 
 
+#: split nodes drawn at most (the ones with the most runs); the CSV beside the figure has them all
+SPLITS_DRAWN = 16
+
+
+def splits(ch: Charts):
+    """Each split (setting, prompt, token index) as one bar of its branches' runs, labelled with their tokens."""
+    tree = ch.splits
+    nodes = (tree.groupby(["cell_id", "prompt_id", "node"], sort=False)
+             .agg(series=("series", "first"), split_at=("split_at", "first"), depth=("depth", "first"),
+                  runs=("runs", "sum")).reset_index()
+             .sort_values(["runs", "depth"], ascending=[False, True], kind="stable").head(SPLITS_DRAWN))
+    plt, (fig, ax) = _figure(len(nodes))
+    labels = []
+    for y, node in enumerate(nodes.itertuples()):
+        branches = tree[(tree.cell_id == node.cell_id) & (tree.prompt_id == node.prompt_id) & (tree.node == node.node)]
+        left = 0
+        for b in branches.itertuples():
+            ax.barh(y, b.runs, left=left, color=f"C{b.branch % 10}", edgecolor="white")
+            token = repr(str(b.token_text))[1:-1][:14]
+            ax.text(left + b.runs / 2, y, f"{token} ({b.runs})", ha="center", va="center", fontsize="x-small",
+                    color="white" if b.runs / node.runs > 0.2 else "black", clip_on=True)
+            left += b.runs
+        labels.append(f"{node.series} · {node.prompt_id} · token {node.split_at}" + (" (nested)" if node.depth else ""))
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("runs taking each branch")
+    ax.set_title("Where the outputs split")
+    return plt, fig
+
+
 #: chart name (also the Charts field it draws) -> drawing function
 CHARTS = {"identical": identical, "divergence": divergence, "margins": margins, "slowdown": slowdown,
-          "answers": answers}
+          "answers": answers, "splits": splits}
 
 
 def _plottable(ch: Charts, name: str):

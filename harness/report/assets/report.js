@@ -4,7 +4,7 @@
 (function () {
   const DATA = JSON.parse(document.getElementById("report-data").textContent);
   const PAGE_SIZE = 25; // blocks per page
-  const GROUP_LIMIT = 40; // runs shown per block until "show more" is pressed
+  const GROUP_LIMIT = 40; // entries shown per block until "show more" is pressed (an entry: runs that show the same)
   const SVGNS = "http://www.w3.org/2000/svg";
   const PALETTE = ["#3451b2", "#c2410c", "#2f7d4f", "#9333ea", "#b3261e", "#0e7490", "#a16207", "#475569"];
 
@@ -92,9 +92,9 @@
   }
   function histogram(recs) {
     if (!recs.length) return chartBox("Where runs first depart", null, el("p", { class: "empty", text: "No run departed from its reference." }));
-    const values = recs.map((r) => r.first_divergence), max = Math.max(...values) + 1;
+    const max = Math.max(...recs.map((r) => r.first_divergence)) + 1, total = recs.reduce((n, r) => n + r.runs, 0);
     const bins = Math.min(24, max), width = Math.ceil(max / bins), counts = new Array(Math.ceil(max / width)).fill(0);
-    values.forEach((v) => counts[Math.floor(v / width)]++);
+    recs.forEach((r) => { counts[Math.floor(r.first_divergence / width)] += r.runs; });
     const left = 40, right = 660, base = 170, top = 10, peak = Math.max(...counts);
     const s = svg("svg", { viewBox: "0 0 680 200", role: "img", "aria-label": "first divergence histogram" });
     const bw = (right - left) / counts.length;
@@ -105,7 +105,7 @@
     });
     s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }));
     axisTicks(s, left, right, base, counts.length * width, (v) => Math.round(v), Math.min(8, counts.length));
-    return chartBox("Where runs first depart", `${recs.length} run(s) departed; x: token position of the first difference, bins of ${width}.`, s);
+    return chartBox("Where runs first depart", `${total} run(s) departed; x: token position of the first difference, bins of ${width}.`, s);
   }
   function marginChart(recs) {
     const pts = recs.filter((r) => r.margin_run !== null && r.margin_reference !== null);
@@ -166,11 +166,27 @@
           el("td", { class: "num", text: pct(r.prompts_changed) }),
           el("td", { class: "num", text: r.accuracy_diff === null ? "–" : `${pts(r.accuracy_diff)} [${pts(r.diff_low)}, ${pts(r.diff_high)}]` })))));
   }
+  function splitTable(data) {
+    const box = document.getElementById("probe-body");
+    if (!data || !data.records.length) return;
+    const note = data.left_out ? ` (the largest shown; ${data.left_out} more records in 'harness summarize --what splits')` : "";
+    box.append(el("h3", { id: "splits", text: "Where the outputs split" + note }),
+      el("p", { class: "hint", text: "Per setting and prompt: at each token index where runs part, the branches, how many runs take each, and the token each takes (⏎ marks a newline; <end>: the output ends there)." }),
+      el("table", {}, el("tr", {}, ["setting", "prompt", "split at token", "branch", "token", "runs", "share", "unique outputs"].map((t) => el("th", { text: t }))),
+        data.records.map((r) => el("tr", { class: r.branch === 0 ? "split-first" : null },
+          el("td", { text: r.branch === 0 ? r.series : "" }), el("td", { text: r.branch === 0 ? r.prompt_id : "" }),
+          el("td", { class: "num", text: r.branch === 0 ? "  ".repeat(r.depth) + (r.depth ? "└ " : "") + r.split_at : "" }),
+          el("td", { class: "num", text: r.branch }),
+          el("td", {}, el("code", { text: JSON.stringify(String(r.token_text)).slice(1, -1).replace(/\\n/g, "⏎") })),
+          el("td", { class: "num", text: r.runs }), el("td", { class: "num", text: pct(r.share) }),
+          el("td", { class: "num", text: r.unique_outputs })))));
+  }
   function charts() {
     const c = DATA.charts;
     document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), slowdownChart(c.slowdown));
     probeTable(c.probes);
     answerTable(c.answers);
+    splitTable(c.splits);
   }
 
   // ---------- runs viewer ----------
@@ -232,8 +248,12 @@
     if (!out.t.length) box.append(el("span", { class: "hint", text: "(empty output)" }));
     return box;
   }
+  const count = (runs) => runs.reduce((n, r) => n + r.count, 0);
+  const rangeText = (ranges) => ranges.map(([a, b]) => (a === b ? `${a}` : `${a}–${b}`)).join(", ");
   function runRow(run, isRef) {
+    const listed = run.repeats.flatMap(([a, b]) => Array.from({ length: b - a + 1 }, (_, i) => a + i));
     const attrs = { class: isRef ? "run is-ref" : "run", "data-cell": run.cell, "data-prompt": run.prompt, "data-repeat": run.repeat,
+                    "data-repeats": listed.join(" "), "data-count": run.count,
                     "data-status": run.status, "data-fd": run.fd === null || run.fd === undefined ? "" : run.fd };
     for (const a of Object.keys(run.s)) attrs[`data-${a}`] = String(run.s[a]);
     const label = el("div", { class: "label" });
@@ -243,8 +263,9 @@
     else if (run.m === true) verdict = el("span", { class: "badge same", text: "identical" });
     else if (run.m === false) verdict = el("span", { class: "badge differs", text: `departs at token ${run.fd}` });
     else verdict = el("span", { class: "badge", text: "no reference run" });
-    label.append(el("div", {}, verdict, ` repeat ${run.repeat}`), el("div", { text: settingLabel(run.s) }));
-    if (run.n !== undefined) label.append(el("div", { text: `${run.n} tokens${run.tps ? ` · ${num(run.tps)} tok/s` : ""}` }));
+    const which = run.count > 1 ? ` ${run.count} runs, repeats ${rangeText(run.repeats)}` : ` repeat ${run.repeat}`;
+    label.append(el("div", {}, verdict, which), el("div", { text: settingLabel(run.s) }));
+    if (run.n !== undefined) label.append(el("div", { text: `${run.n} tokens${run.tps ? ` · ${num(run.tps)} tok/s${run.count > 1 ? " (median)" : ""}` : ""}` }));
     if (run.margin) label.append(el("div", { text: `margin at split: run ${num(run.margin[0])}, reference ${num(run.margin[1])}` }));
     if (run.probe && run.probe.steps !== null) {
       label.append(el("div", { class: "probe", text: `logits moved: ${run.probe.logits_differed} of ${run.probe.logits_compared} in ${run.probe.steps} steps, max |Δ| ${num(run.probe.max_abs_diff)}` }));
@@ -264,20 +285,20 @@
       const diverged = runs.filter((r) => r.m === false);
       const head = el("div", { class: "head" }, el("strong", { text: g.prompt }),
         el("span", { text: g.ref ? `reference: ${settingLabel(g.ref.s)}, repeat 0` : (g.status === "ok" ? "no reference run" : g.status) }),
-        el("span", { text: g.status !== "ok" ? `${runs.length} run(s)` : `${runs.length} run(s) shown, ${diverged.length} departed${diverged.length ? `, earliest at token ${Math.min(...diverged.map((r) => r.fd))}` : ""}` }),
+        el("span", { text: g.status !== "ok" ? `${count(runs)} run(s)` : `${count(runs)} run(s) shown, ${count(diverged)} departed${diverged.length ? `, earliest at token ${Math.min(...diverged.map((r) => r.fd))}` : ""}` }),
         DATA.prompts[g.prompt] ? el("span", { class: "prompt", text: DATA.prompts[g.prompt] }) : null);
       const group = el("div", { class: "group", "data-group": g.key }, head);
       if (g.ref) group.append(runRow(g.ref, true));
       const limit = state.expanded.has(g.key) ? runs.length : GROUP_LIMIT;
       runs.slice(0, limit).forEach((r) => group.append(runRow(r, false)));
       if (runs.length > limit) {
-        const more = el("button", { type: "button", class: "more", text: `show ${runs.length - limit} more run(s)` });
+        const more = el("button", { type: "button", class: "more", text: `show ${runs.length - limit} more entr${runs.length - limit === 1 ? "y" : "ies"} (${count(runs.slice(limit))} run(s))` });
         more.addEventListener("click", () => { state.expanded.add(g.key); render(); });
         group.append(el("div", { class: "label" }, more));
       }
       box.append(group);
     }
-    const shownRuns = slice.reduce((n, v) => n + v.runs.length, 0); // counted whether or not folded
+    const shownRuns = slice.reduce((n, v) => n + count(v.runs), 0); // counted whether or not folded
     for (const id of ["pager-top", "pager-bottom"]) {
       const p = document.getElementById(id);
       const prev = el("button", { type: "button", class: "prev", disabled: state.page === 0 ? "disabled" : null, text: "‹ previous" });
