@@ -471,9 +471,11 @@ def report(
     target = out or results / "report.html"
     payload = html.write(store, target, ref, parse_allow_mixed(allow_mixed))
     meta = payload["meta"]
-    departed = len(payload["charts"]["divergence"])
+    # entries aggregate runs that show the same thing: count runs, not entries
+    runs = sum(entry["count"] for entry in payload["runs"])
+    departed = sum(record["runs"] for record in payload["charts"]["divergence"])
     _console().print(
-        f"{target}: {len(payload['runs'])} runs in {meta['cells']} cells, {departed} departed from the "
+        f"{target}: {runs} runs in {meta['cells']} cells, {departed} departed from the "
         f"reference ({meta['reference']}); {target.stat().st_size / 1024:,.0f} KiB"
     )
 
@@ -497,15 +499,16 @@ def plot(
     """
     from harness import metrics
     from harness.report import charts, plot as plotting
+    from harness.report.html import REPORT_COLUMNS
 
     for f in fmt:
         if f not in plotting.FORMATS:
             raise HarnessError(f"--format '{f}': allowed: {', '.join(plotting.FORMATS)}")
     store, ref = _results(results, all_cells), metrics.parse_reference(reference)
     mixed = metrics.parse_allow_mixed(allow_mixed)
-    rows = store.read_rows()
+    rows = store.read_rows(REPORT_COLUMNS)
     data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed,
-                          store.answer_prompts())
+                          store.answer_prompts(), store.margins_for)
     charts.add_splits(data, rows, store.tokens_for, store.texts_for)
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     console = _console()

@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from harness.errors import HarnessError
-from harness.metrics import IMPLIED_BY_AXIS, KEY_COLUMNS, PROVENANCE_COLUMNS, first_divergence, keys_of, refuse_mixed
+from harness.metrics import (IMPLIED_BY_AXIS, KEY_COLUMNS, PROVENANCE_COLUMNS, first_divergence, keys_of, pair_lookup,
+                             per_value, refuse_mixed)
 from harness.results import Results
 
 #: where and with what each folder was made; every one that differs is shown beside the comparison
@@ -34,7 +36,7 @@ class Comparison:
 
 
 def _values(rows: pd.DataFrame, column: str) -> str:
-    return "; ".join(sorted({str(v) for v in rows[column].dropna()} - {""})) or "(none)"
+    return "; ".join(sorted({str(v) for v in rows[column].dropna().unique()} - {""})) or "(none)"
 
 
 def context_differences(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> list[tuple[str, str, str]]:
@@ -61,23 +63,26 @@ def compare(
     rows_a, rows_b = rows_a[rows_a.status == "ok"], rows_b[rows_b.status == "ok"]
     match = keys + ["prompt_id", "repeat"]
     for name, rows in (("A", rows_a), ("B", rows_b)):
-        if rows.duplicated(match).any():
+        # runs collide only where two cells share the settings: look at the cells first (cheap)
+        if rows.drop_duplicates("cell_id").duplicated(keys).any() and rows.duplicated(match).any():
             varying = [k for k in ignore if rows[k].nunique() > 1]
             raise HarnessError(
                 f"{name}: {', '.join(varying) or 'an ignored axis'} varies inside this folder, so runs cannot be "
                 "paired; ignore only axes that are constant within each folder"
             )
     joined = rows_a.merge(rows_b, on=match, how="outer", suffixes=("_a", "_b"), indicator=True)
-    settings_a = rows_a[keys].drop_duplicates()
-    settings_b = rows_b[keys].drop_duplicates()
+    settings_a = rows_a.drop_duplicates("cell_id")[keys].drop_duplicates()  # settings are constant in a cell
+    settings_b = rows_b.drop_duplicates("cell_id")[keys].drop_duplicates()
     only_a = settings_a.merge(settings_b, on=keys, how="left", indicator=True)
     only_b = settings_b.merge(settings_a, on=keys, how="left", indicator=True)
     runs = joined[joined["_merge"] == "both"].drop(columns="_merge").copy()
     implied = set().union(*(IMPLIED_BY_AXIS.get(axis, frozenset()) for axis in ignore))
-    side = {s: runs[[c + s for c in ["cell_id"] + PROVENANCE_COLUMNS]].rename(columns=lambda c, s=s: c.removesuffix(s))
+    # one record per distinct pair of cells and provenance: the same verdict as every run pair
+    provenance = [c + s for s in ("_a", "_b") for c in ["cell_id"] + PROVENANCE_COLUMNS]
+    distinct = runs[provenance].drop_duplicates().reset_index(drop=True)
+    side = {s: distinct[[c + s for c in ["cell_id"] + PROVENANCE_COLUMNS]].rename(columns=lambda c, s=s: c.removesuffix(s))
             for s in ("_a", "_b")}
-    refuse_mixed(side["_a"].reset_index(drop=True), side["_b"].reset_index(drop=True), implied | set(allow_mixed),
-                 "pairing runs of A and B", "A", "B")
+    refuse_mixed(side["_a"], side["_b"], implied | set(allow_mixed), "pairing runs of A and B", "A", "B")
     runs["same"] = runs["output_hash_a"] == runs["output_hash_b"]
     differ = runs.loc[~runs["same"], ["output_hash_a", "output_hash_b"]].drop_duplicates()
     tokens_a = a.tokens_for(set(differ["output_hash_a"]))
@@ -85,10 +90,8 @@ def compare(
     split = {
         (ha, hb): first_divergence(tokens_a[ha], tokens_b[hb]) for ha, hb in differ.itertuples(index=False)
     }
-    runs["first_divergence"] = pd.array(
-        [None if same else split[(ha, hb)] for same, ha, hb in
-         zip(runs["same"], runs["output_hash_a"], runs["output_hash_b"])], dtype="Int64",
-    )
+    at = pair_lookup(runs["output_hash_a"], runs["output_hash_b"], split)
+    runs["first_divergence"] = pd.array(np.where(np.isnan(at), None, at), dtype="Int64")
     first = runs[runs["repeat"] == 0]
     per_setting = (
         first.groupby(keys, dropna=False)
@@ -113,8 +116,8 @@ def _with_texts(runs: pd.DataFrame, results: Results, side: str) -> pd.DataFrame
     """Each run's text and per-token texts, read once per distinct output of that folder."""
     hashes = set(runs["output_hash" + side].dropna())
     pieces, texts = results.texts_for(hashes), results.whole_texts_for(hashes)
-    runs["text" + side] = runs["output_hash" + side].map(texts)
-    runs["token_texts" + side] = runs["output_hash" + side].map(lambda h: pieces.get(h))
+    runs["text" + side] = per_value(runs["output_hash" + side], texts.get)
+    runs["token_texts" + side] = per_value(runs["output_hash" + side], pieces.get)
     return runs
 
 

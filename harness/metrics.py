@@ -56,6 +56,28 @@ ROW_COLUMNS = list(KEY_COLUMNS) + [
 ] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
 
 
+def per_value(column: pd.Series, fn: Callable[[Any], Any], missing: Any = None) -> pd.Series:
+    """`fn` of each row's value, computed once per distinct value (an object column; `missing` where
+    the value is missing). A million runs of a few outputs cost a few calls, and equal results
+    share one Python object instead of a million copies of a text."""
+    codes, uniques = pd.factorize(column)
+    values = np.empty(len(uniques) + 1, dtype=object)
+    values[:-1] = [fn(u) for u in uniques]
+    values[-1] = missing
+    return pd.Series(values[codes], index=column.index, dtype=object)
+
+
+def pair_lookup(left: pd.Series, right: pd.Series, found: dict[tuple[Any, Any], Any]) -> np.ndarray:
+    """found[(left, right)] per row as floats (NaN where absent or None): one lookup per distinct pair."""
+    out = np.full(len(left), np.nan)
+    if not found or not len(left):
+        return out
+    table = pd.Series([np.nan if v is None else float(v) for v in found.values()],
+                      index=pd.MultiIndex.from_tuples(list(found)))
+    wanted = pd.MultiIndex.from_arrays([left.astype(object).to_numpy(), right.astype(object).to_numpy()])
+    return table.reindex(wanted).to_numpy(dtype=float)
+
+
 def chat_template_of(engine_info: pd.Series) -> pd.Series:
     """The chat template a row was made with (its hash where the engine gives one), from engine_info."""
 
@@ -66,8 +88,7 @@ def chat_template_of(engine_info: pd.Series) -> pd.Series:
             return ""
         return str(info.get("chat_template_sha256") or info.get("chat_template") or "")
 
-    codes, uniques = pd.factorize(engine_info.fillna(""))
-    return pd.Series(np.asarray([one(u) for u in uniques] + [""], dtype=object)[codes], index=engine_info.index)
+    return per_value(engine_info, one, missing="")
 
 
 def _provenance(frame: pd.DataFrame) -> pd.DataFrame:
@@ -263,11 +284,7 @@ def against_reference(
         tokens = tokens_for(set(pairs["output_hash"]) | set(pairs["ref_hash"]))
         for out_hash, ref_hash in pairs.itertuples(index=False):
             divergence[(out_hash, ref_hash)] = first_divergence(tokens[out_hash], tokens[ref_hash])
-    ok["first_divergence"] = [
-        divergence.get((h, r)) if isinstance(r, str) and h != r else None
-        for h, r in zip(ok["output_hash"], ok["ref_hash"])
-    ]
-    ok["first_divergence"] = pd.to_numeric(ok["first_divergence"], errors="coerce")
+    ok["first_divergence"] = pair_lookup(ok["output_hash"], ok["ref_hash"], divergence)
     return _logprob_comparison(ok, logprobs_for)
 
 

@@ -297,6 +297,10 @@ class Results:
     def logprobs_for(self, hashes: set[str]) -> dict[str, list[float]]:
         return self.folder.store.logprobs_for(hashes, self.cell_ids)
 
+    def margins_for(self, runs: pd.DataFrame) -> pd.Series:
+        """Each given run's per-step top-2 margins (None where not recorded), read for those runs only."""
+        return self.folder.store.values_at("margins", runs)
+
     def answer_prompts(self) -> set[str]:
         """Ids of the prompts that carry a parse rule (answer statistics are about those)."""
         return {p.id for e in self.experiments for p in e.prompt_set.prompts if p.parse is not None}

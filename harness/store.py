@@ -121,17 +121,16 @@ ROW_SCHEMA = pa.schema(
     ]
 )
 
+#: text columns that say where and with what a row was made: read back as pandas categoricals
+#: (readers only compare, group and list them, and a categorical does that without hashing a
+#: million strings); other text columns read back as Python strings
+WHERE_MADE = ("model_sha256", "engine_version", "host", "platform", "cpu", "gpu_name", "gpu_driver", "gpu_uuid",
+              "gpu_compute_cap", "cuda_version", "library_versions", "python_version", "harness_version",
+              "git_commit", "engine_info", "env", "job_id", "job_array_index")
+
 STATUSES = ("ok", "failed", "unsupported", "skipped")
 #: statuses a rerun does not redo: the run happened, or the engine's declared rules refuse it
 DONE_STATUSES = frozenset({"ok", "unsupported"})
-
-
-def _present(path: Path, columns: list[str] | None) -> list[str] | None:
-    """The wanted columns that this file has (files of an older schema lack the newer ones)."""
-    if columns is None:
-        return None
-    names = set(pq.read_schema(path).names)
-    return [c for c in columns if c in names]
 
 
 def _refuse_newer(path: Path, table: pa.Table) -> None:
@@ -183,6 +182,32 @@ def _with_later_axes(table: pa.Table, wanted: list[str] | None) -> pa.Table:
             kind = ROW_SCHEMA.field(name).type
             table = table.append_column(pa.field(name, kind), pa.array([default] * table.num_rows, type=kind))
     return table
+
+
+def _encoded(table: pa.Table) -> pa.Table:
+    """Every text column dictionary-encoded, so tables of files of older schemas concatenate."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_string(field.type):
+            table = table.set_column(i, field.name, pc.dictionary_encode(table.column(i)))
+    return table
+
+
+def _shared_strings(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """Categorical text columns (but WHERE_MADE's) as object columns whose equal values share one
+    Python string.
+
+    A million rows of a 500-byte engine_info cost 8 MB of pointers, not 500 MB of text; the
+    values (missing ones as None) are the same as a plain read gives.
+    """
+    import numpy as np
+    import pandas as pd
+
+    for name in frame.columns:
+        column = frame[name]
+        if isinstance(column.dtype, pd.CategoricalDtype) and name not in WHERE_MADE:
+            values = np.append(np.asarray(column.cat.categories, dtype=object), None)
+            frame[name] = pd.Series(values[column.cat.codes.to_numpy()], index=frame.index, dtype=object)
+    return frame
 
 
 class Store:
@@ -300,10 +325,15 @@ class Store:
         tables = []
         for path in files:
             wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-            table = pq.read_table(path, columns=_present(path, wanted))
+            schema = pq.ParquetFile(path).schema_arrow
+            present = None if wanted is None else [c for c in wanted if c in schema.names]
+            # text columns read as Parquet stores them, dictionary-encoded: a cell repeats its settings
+            # and provenance in every row, and each distinct value is then one Python string
+            text = [f.name for f in schema if pa.types.is_string(f.type) and (present is None or f.name in present)]
+            table = pq.ParquetFile(path, read_dictionary=text).read(columns=present)
             _refuse_newer(path, table)
-            tables.append(_with_later_axes(table, wanted))
-        frame = pa.concat_tables(tables, promote_options="default").to_pandas()
+            tables.append(_encoded(_with_later_axes(table, wanted)))
+        frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas())
         names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
         for name in names:  # columns newer than some files read back empty
             if name not in frame.columns:
@@ -327,18 +357,63 @@ class Store:
         return self._lists_for("logprobs_hash", "logprobs", hashes, cell_ids)
 
     def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None) -> dict[str, Any]:
-        import pyarrow.dataset as ds
+        """`column` of one row per wanted `key` value, file by file until every value is found.
 
-        files = self.cell_files(cell_ids)
-        if not files or not hashes:
-            return {}
-        # the two columns' schema given: files of an older schema read them as empty, unopened twice
-        wanted = pa.schema([ROW_SCHEMA.field(key), ROW_SCHEMA.field(column)])
-        data = ds.dataset([str(f) for f in files], format="parquet", schema=wanted)
-        table = data.to_table(columns=[key, column], filter=pc.field(key).isin(sorted(hashes)))
-        out: dict[str, list] = {}
-        for h, values in zip(table.column(key).to_pylist(), table.column(column).to_pylist()):
-            out.setdefault(h, values)
+        A million rows of a few distinct outputs read the key column and one row per output,
+        never every row's list. A value found only in files without `column` (an older schema)
+        maps to None.
+        """
+        import numpy as np
+
+        remaining = set(hashes)
+        out: dict[str, Any] = {}
+        for path in self.cell_files(cell_ids):
+            if not remaining:
+                break
+            handle = pq.ParquetFile(path)
+            if key not in handle.schema_arrow.names:
+                continue
+            keys = handle.read(columns=[key]).column(0)
+            index = pc.fill_null(pc.index_in(keys, value_set=pa.array(sorted(remaining), pa.string())), -1)
+            index = index.to_numpy()
+            rows = np.flatnonzero(index >= 0)
+            if rows.size == 0:
+                continue
+            first = rows[np.unique(index[rows], return_index=True)[1]]
+            found = keys.take(pa.array(first)).to_pylist()
+            if column not in handle.schema_arrow.names:
+                out.update((h, out.get(h)) for h in found)
+                continue
+            values = handle.read(columns=[column]).column(0).take(pa.array(first)).to_pylist()
+            out.update(zip(found, values))
+            remaining.difference_update(found)
+        return out
+
+    def values_at(self, column: str, runs: "pd.DataFrame") -> "pd.Series":
+        """`column` of the given runs (their cell_id, prompt_id and repeat), read for those rows only:
+        a per-step list wanted for the few thousand runs that depart, not for a million.
+        None where a run or the column is not on disk."""
+        import numpy as np
+        import pandas as pd
+
+        out = pd.Series([None] * len(runs), index=runs.index, dtype=object)
+        for cell_id, part in runs.groupby("cell_id", sort=False):
+            path = self.cell_path(str(cell_id))
+            if not path.is_file():
+                continue
+            handle = pq.ParquetFile(path)
+            if column not in handle.schema_arrow.names:
+                continue
+            ids = handle.read(columns=["prompt_id", "repeat"])
+            where = pd.Series(np.arange(ids.num_rows), index=pd.MultiIndex.from_arrays(
+                [np.asarray(ids.column(0).to_pylist(), dtype=object), ids.column(1).to_numpy()]))
+            where = where[~where.index.duplicated()]
+            at = where.reindex(pd.MultiIndex.from_arrays(
+                [part["prompt_id"].astype(object).to_numpy(), part["repeat"].to_numpy(dtype=np.int64)])).to_numpy()
+            found = ~np.isnan(at)
+            if found.any():
+                values = handle.read(columns=[column]).column(0).take(pa.array(at[found].astype(np.int64)))
+                out.loc[part.index[found]] = pd.Series(values.to_pylist(), index=part.index[found], dtype=object)
         return out
 
     def read_cell(self, cell_id: str, columns: list[str] | None = None) -> pd.DataFrame:

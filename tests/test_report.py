@@ -140,6 +140,9 @@ def test_report_paginates_thousands_of_runs(tmp_path, browser):
     out = tmp_path / "big.html"
     done = run_harness("report", str(store.root), "-o", str(out))
     assert done.returncode == 0, done.stderr
+    departed = sum(1 for p in range(30) for r in range(70) if (p + r) % 3 != 0)
+    # the summary line counts runs (entries aggregate them): 4,200 ok and 2 failed
+    assert f"4202 runs in 3 cells, {departed} departed" in " ".join(done.stdout.split())
     page, errors = _open(browser, out)
     # the split view: ~47 departures per prompt make trees of over 400 records in all; the largest
     # are shown whole, and the heading says how many more `summarize --what splits` holds
@@ -186,6 +189,9 @@ def test_plot_writes_figures_and_their_numbers(tmp_path):
             assert (tmp_path / "plots" / f"{name}.{ext}").stat().st_size > 0
     assert (tmp_path / "plots" / "identical.png").read_bytes()[:4] == b"\x89PNG"
     assert "left out" in done.stdout and "slowdown" in done.stdout  # no batch-invariant pairs here
+    # margins at the split, read for the departing runs and their references only: every row says 0.5
+    margins = pd.read_csv(tmp_path / "plots" / "margins.csv")
+    assert len(margins) == 12 and (margins.margin_run == 0.5).all() and (margins.margin_reference == 0.5).all()
     identical = (tmp_path / "plots" / "identical.csv").read_text().splitlines()
     # batch 1: repeats 1 and 2 of 6 prompts, all identical; batch 8: two runs in three depart
     assert identical[1:] == ["llamacpp,1,12,12,1.0", "llamacpp,8,18,6,0.3333333333333333"]

@@ -497,3 +497,37 @@ def test_merge_takes_done_cells_refuses_two_runs_of_one_cell_and_other_experimen
                           "--allow-mixed", "experiment")
     assert allowed.returncode == 0, allowed.stderr
     assert len(open_results(tmp_path / "mixed2").cell_ids) == 2
+
+
+def test_readers_give_the_values_a_plain_read_gives(tmp_path):
+    """Text columns come back dictionary-read (shared strings, or categoricals for provenance);
+    every value, missing ones included, must equal what pyarrow reads from the files, and the
+    per-output and per-run lookups must find each row's own lists, in whichever file they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, cells = synthetic_folder(tmp_path / "r", ["a", "b"], {"batch_size": [1, 2, 4]}, repeats=3)
+    for n, cell in enumerate(cells):
+        folder.write_cell(cell.id, [
+            row_for(cell, p, r, [n, r, i], host=None if r == 1 else f"node{n}", engine_info=json.dumps({"n": n}),
+                    error=None if r else "", margins=[float(n), float(r)], token_texts=[f"{n}", f"{r}", p])
+            for i, p in enumerate(("a", "b")) for r in range(3)], "x")
+    store = folder.store
+    got = store.read_rows()
+    plain = pa.concat_tables([pq.read_table(p) for p in store.cell_files()]).to_pandas()
+    assert len(got) == len(plain) == 18
+    for column in plain.columns:
+        def norm(values):
+            return [None if v is None or (isinstance(v, float) and v != v) else
+                    (list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v) for v in values]
+        assert norm(got[column].tolist()) == norm(plain[column].tolist()), column
+    assert got["host"].isna().sum() == 6 and got["error"].isna().sum() == 12
+    # one row per wanted output, from whichever file holds it; an unknown hash is absent
+    hashes = dict(zip(plain["output_hash"], plain["token_ids"].map(list)))
+    assert store.tokens_for(set(hashes) | {"nope"}) == hashes
+    assert store.texts_for({plain["output_hash"].iloc[-1]}) == {plain["output_hash"].iloc[-1]: list(plain["token_texts"].iloc[-1])}
+    # per-run lists for some runs only, in the order asked, None for a run not on disk
+    runs = plain[["cell_id", "prompt_id", "repeat"]].iloc[[17, 3, 8]]
+    runs.loc[99] = [cells[0].id, "a", 7]
+    wanted = [list(m) for m in plain["margins"].iloc[[17, 3, 8]]] + [None]
+    assert [None if m is None else list(m) for m in store.values_at("margins", runs)] == wanted

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -48,7 +48,12 @@ def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
                 parts.append(f"{axis}={value}" if axis in ("seed", "temperature", "top_p", "top_k") else str(value))
         return " ".join(parts)
 
-    return frame.apply(label, axis=1) if len(frame) else pd.Series([], dtype=str)
+    if not len(frame):
+        return pd.Series([], dtype=str)
+    # one label per distinct combination of the axes, then each row takes its combination's
+    group = frame.groupby(axes, dropna=False, sort=False).ngroup().to_numpy()
+    labels = frame[axes][~pd.Series(group).duplicated().to_numpy()].apply(label, axis=1).to_numpy()
+    return pd.Series(labels[group], index=frame.index, dtype=object)
 
 
 def varying_axes(rows: pd.DataFrame) -> list[str]:
@@ -65,10 +70,11 @@ def step_value(values: Any, k: int) -> float | None:
 
 def compute(
     rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any], allow_mixed: frozenset[str] = frozenset(),
-    answer_prompts: set[str] = frozenset(),
+    answer_prompts: set[str] = frozenset(), margins_for: Callable[[pd.DataFrame], pd.Series] | None = None,
 ) -> Charts:
-    """`rows`: all rows (with margins); `annotated`: metrics.against_reference of them;
-    `answer_prompts`: the prompts that carry a parse rule."""
+    """`rows`: all rows; `annotated`: metrics.against_reference of them; `answer_prompts`: the
+    prompts that carry a parse rule; `margins_for(runs)`: the margins of those runs (read for the
+    departing runs and their references only; default: the rows' own `margins` column)."""
     from harness.answer_metrics import answer_summary
 
     varying = varying_axes(rows)
@@ -88,14 +94,17 @@ def compute(
     split = judged[judged["first_divergence"].notna()].copy()
     divergence = split[["series", "batch_size", "first_divergence"]].astype({"first_divergence": int})
 
+    if margins_for is None:
+        margins_for = lambda runs: annotated.loc[runs.index, "margins"]  # noqa: E731
     first = annotated[annotated["repeat"] == 0]  # reference runs are first repeats
-    margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], first["margins"])}
+    first = first[first["cell_id"].isin(set(split["reference_cell"].dropna()))]
+    margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], margins_for(first))}
     records = {}
-    for index, r in zip(split.index, split.itertuples(index=False)):
+    for index, r, run_margins in zip(split.index, split.itertuples(index=False), margins_for(split)):
         k = int(r.first_divergence)
         records[index] = {
             "series": r.series, "batch_size": r.batch_size, "prompt_id": r.prompt_id, "first_divergence": k,
-            "margin_run": step_value(r.margins, k),
+            "margin_run": step_value(run_margins, k),
             "margin_reference": step_value(margin_of.get((r.reference_cell, r.prompt_id)), k),
         }
     margins = pd.DataFrame.from_dict(records, orient="index", columns=[

@@ -32,7 +32,7 @@ PROVENANCE = ("host", "platform", "cpu", "cpu_count", "gpu_name", "gpu_count", "
 
 #: the row columns the page needs (token lists and texts are read per distinct output, not per run)
 REPORT_COLUMNS = list(dict.fromkeys(
-    metrics.ROW_COLUMNS + ANSWER_ROW_COLUMNS + ["margins", "run_id", "max_tokens", "experiment"]
+    metrics.ROW_COLUMNS + ANSWER_ROW_COLUMNS + ["run_id", "max_tokens", "experiment"]
     + list(PROVENANCE) + list(PROBE_COLUMNS)))
 
 
@@ -93,27 +93,32 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
     """The runs viewer's entries: runs of one cell and prompt that show the same thing (output,
     verdict, split, margins, probe numbers) are one entry with their count and repeat ranges;
     throughput is their median. The reference run is an entry of its own."""
-    frame = ok.copy()
-    frame["_margin_run"] = [margins.get(i, {}).get("margin_run") for i in frame.index]
-    frame["_margin_ref"] = [margins.get(i, {}).get("margin_reference") for i in frame.index]
-    probe = [c for c in PROBE_COLUMNS if c in frame and frame[c].notna().any()]
+    probe = [c for c in PROBE_COLUMNS if c in ok and ok[c].notna().any()]
     keys = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
             "n_tokens", "_margin_run", "_margin_ref"] + probe
+    frame = ok[[c for c in dict.fromkeys(keys + list(AXES) + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
+    for column, name in (("_margin_run", "margin_run"), ("_margin_ref", "margin_reference")):
+        given = {i: m[name] for i, m in margins.items() if m.get(name) is not None}
+        frame[column] = pd.Series(given, dtype=float).reindex(frame.index)
+    # aggregate per entry first (a few thousand groups), then build each entry from one record
+    g = frame.groupby(keys, dropna=False, sort=False)
+    table = g[list(AXES)].first(skipna=False).join(
+        g.agg(repeat=("repeat", "min"), count=("repeat", "size"), tps=("target_tokens_per_s", "median"))
+    ).reset_index()
+    repeats = g["repeat"].agg(lambda r: _ranges(r.astype(int).tolist())).to_numpy()
     entries = []
-    for values, part in frame.groupby(keys, dropna=False, sort=False):
-        r = dict(zip(keys, values))
-        first = part.iloc[0]
+    for r, spans in zip(table.to_dict("records"), repeats):
         k = None if pd.isna(r["first_divergence"]) else int(r["first_divergence"])
         run = {
-            "cell": r["cell_id"], "prompt": r["prompt_id"], "repeat": int(part["repeat"].min()),
-            "count": int(len(part)), "repeats": _ranges(part["repeat"].astype(int).tolist()), "status": "ok",
-            "s": {a: _plain(first[a]) for a in AXES}, "h": r["output_hash"], "n": int(r["n_tokens"]),
+            "cell": r["cell_id"], "prompt": r["prompt_id"], "repeat": int(r["repeat"]),
+            "count": int(r["count"]), "repeats": spans, "status": "ok",
+            "s": {a: _plain(r[a]) for a in AXES}, "h": r["output_hash"], "n": int(r["n_tokens"]),
             "ref": bool(r["is_reference"]),
             "refcell": r["reference_cell"] if isinstance(r["reference_cell"], str) else None,
             "m": None if pd.isna(r["matched"]) else bool(r["matched"]), "fd": k,
-            "tps": _plain(part["target_tokens_per_s"].median()),
+            "tps": _plain(r["tps"]),
         }
-        if r["_margin_run"] is not None or r["_margin_ref"] is not None:
+        if not (pd.isna(r["_margin_run"]) and pd.isna(r["_margin_ref"])):
             run["margin"] = [_plain(r["_margin_run"]), _plain(r["_margin_ref"])]
         if probe and not pd.isna(r.get("probe_steps")):
             run["probe"] = {c.removeprefix("probe_"): _plain(r[c]) for c in probe}
@@ -183,7 +188,7 @@ def build(
     reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
     rows = store.read_rows(REPORT_COLUMNS)
     annotated = metrics.against_reference(rows, store.tokens_for, reference, allow_mixed)
-    chart = charts_mod.compute(rows, annotated, reference, allow_mixed, store.answer_prompts())
+    chart = charts_mod.compute(rows, annotated, reference, allow_mixed, store.answer_prompts(), store.margins_for)
     charts_mod.add_splits(chart, rows, store.tokens_for, store.texts_for)
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 

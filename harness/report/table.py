@@ -63,9 +63,28 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def summary_table(summary: pd.DataFrame, title: str) -> Table:
+#: (cell, prompt) records a terminal table shows; more is for summary.parquet or --format csv
+TABLE_ROWS = 200
+
+
+def shown_records(summary: pd.DataFrame, limit: int = TABLE_ROWS) -> pd.DataFrame:
+    """At most `limit` records, those where runs differ, fail or lack a reference first (in table order)."""
+    if len(summary) <= limit:
+        return summary
+    notable = ((summary["unique_outputs"].fillna(1) > 1) | (summary["diverged"].fillna(0) > 0)
+               | (summary["status"] != "ok") | summary["reference_cell"].isna())
+    return pd.concat([summary[notable], summary[~notable]]).head(limit).sort_index()
+
+
+def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) -> Table:
+    """Per cell and prompt; past `limit` records only the notable ones show, and the caption says so
+    (a terminal table of thousands of lines is read by no one and takes seconds to draw)."""
     varying = _varying(summary)
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    shown = shown_records(summary, limit)
+    if len(shown) < len(summary):
+        table.caption = (f"{len(shown)} of {len(summary)} records shown: those where runs differ, fail or have no "
+                         "reference first; every record is in summary.parquet (or --format csv)")
     for col in varying + ["prompt_id"]:
         table.add_column(SHORT.get(col, col).replace("prompt_id", "prompt"))
     extra = [(name, col, kind) for name, col, kind in (
@@ -74,7 +93,7 @@ def summary_table(summary: pd.DataFrame, title: str) -> Table:
     ) if col in summary and summary[col].notna().any() and (col != "cached_tokens_median" or summary[col].fillna(0).gt(0).any())]
     for name in ("status", "runs", "unique", "match", "diverge@ min/med", "upper95") + tuple(e[0] for e in extra) + ("tok/s",):
         table.add_column(name, justify="right" if name != "status" else "left")
-    for rec in summary.to_dict("records"):
+    for rec in shown.to_dict("records"):
         status = rec["status"]
         style = {"ok": "", "unsupported": "yellow", "skipped": "dim", "failed": "red"}.get(status, "magenta")
         div = "-" if _fmt(rec["first_divergence_min"]) == "-" else (
