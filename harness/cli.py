@@ -69,7 +69,7 @@ def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all
     mixed = metrics.parse_allow_mixed(allow_mixed)
     ref = metrics.parse_reference(reference or [])
     columns = list(dict.fromkeys(metrics.ROW_COLUMNS + answer_metrics.ANSWER_ROW_COLUMNS))
-    rows = results.read_rows(columns=columns)
+    rows = results.read_rows(columns=columns, provenance_as_categories=True)
     summary = metrics.summarize(rows, results.tokens_for, ref, mixed, results.logprobs_for)
     cost = metrics.slowdown(rows, mixed)
     probes = metrics.probe_summary(rows)
@@ -264,7 +264,7 @@ def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
     from harness.splits import splits
 
     results = _results(folder, all_cells)
-    rows = results.read_rows(columns=metrics.ROW_COLUMNS)
+    rows = results.read_rows(columns=metrics.ROW_COLUMNS, provenance_as_categories=True)
     frame = splits(rows, results.tokens_for, results.texts_for, metrics.keys_of(rows))
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
@@ -506,7 +506,7 @@ def plot(
             raise HarnessError(f"--format '{f}': allowed: {', '.join(plotting.FORMATS)}")
     store, ref = _results(results, all_cells), metrics.parse_reference(reference)
     mixed = metrics.parse_allow_mixed(allow_mixed)
-    rows = store.read_rows(REPORT_COLUMNS)
+    rows = store.read_rows(REPORT_COLUMNS, provenance_as_categories=True)
     data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed,
                           store.answer_prompts(), store.margins_for)
     charts.add_splits(data, rows, store.tokens_for, store.texts_for)

@@ -54,8 +54,8 @@ def compare(
 ) -> Comparison:
     """Runs of A and B with equal settings (but the ignored axes), paired; provenance that differs
     between a pair is refused unless an ignored axis implies it or `allow_mixed` names it."""
-    rows_a = a.read_rows(columns=COLUMNS)
-    rows_b = b.read_rows(columns=COLUMNS)
+    rows_a = a.read_rows(columns=COLUMNS, provenance_as_categories=True)
+    rows_b = b.read_rows(columns=COLUMNS, provenance_as_categories=True)
     for frame, other in ((rows_a, rows_b), (rows_b, rows_a)):  # an option swept on one side only: empty
         for column in set(keys_of(other)) - set(frame.columns):
             frame[column] = None

@@ -6,17 +6,19 @@ Used to ask "same weights, other numeric format": Q4_1 as shipped vs F16 / BF16 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16
 
 
-def convert(source: Path, target: Path, dtype: str) -> None:
+def copy_fields(reader: Any, target: Path, edit: Callable[[str, Any], Any] = lambda name, value: value) -> Any:
+    """A GGUF writer for `target` holding the reader's metadata (each value passed through
+    `edit(name, value)`), all but the file type, which the caller sets."""
     import gguf
-    from gguf import GGMLQuantizationType as Q, GGUFValueType as V
+    from gguf import GGUFValueType as V
 
-    reader = gguf.GGUFReader(str(source))
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(target), arch)
     for name, field in reader.fields.items():
@@ -24,7 +26,16 @@ def convert(source: Path, target: Path, dtype: str) -> None:
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == V.ARRAY and len(field.types) > 1 else None
-        writer.add_key_value(name, field.contents(), vtype, sub)
+        writer.add_key_value(name, edit(name, field.contents()), vtype, sub)
+    return writer
+
+
+def convert(source: Path, target: Path, dtype: str) -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    reader = gguf.GGUFReader(str(source))
+    writer = copy_fields(reader, target)
     writer.add_file_type(_FILE_TYPE[dtype])
 
     for tensor in reader.tensors:

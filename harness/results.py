@@ -279,11 +279,12 @@ class Results:
         """The engine options the current experiments sweep (each a setting column of the rows)."""
         return list(dict.fromkeys(a for e in self.experiments for a in e.option_axes))
 
-    def read_rows(self, columns: list[str] | None = None) -> pd.DataFrame:
-        """The rows of the chosen cells; `columns` plus the swept option columns (None: every column)."""
+    def read_rows(self, columns: list[str] | None = None, provenance_as_categories: bool = False) -> pd.DataFrame:
+        """The rows of the chosen cells; `columns` plus the swept option columns (None: every column).
+        `provenance_as_categories`: see Store.read_rows."""
         if columns is not None:
             columns = list(dict.fromkeys(columns + self.option_axes))
-        return self.folder.store.read_rows(columns, self.cell_ids)
+        return self.folder.store.read_rows(columns, self.cell_ids, provenance_as_categories)
 
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
         return self.folder.store.tokens_for(hashes, self.cell_ids)

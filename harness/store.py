@@ -121,9 +121,9 @@ ROW_SCHEMA = pa.schema(
     ]
 )
 
-#: text columns that say where and with what a row was made: read back as pandas categoricals
-#: (readers only compare, group and list them, and a categorical does that without hashing a
-#: million strings); other text columns read back as Python strings
+#: text columns that say where and with what a row was made: the CLI's readers read them as
+#: pandas categoricals (they only compare, group and list them, and a categorical does that
+#: without hashing a million strings); by default they read back as Python strings
 WHERE_MADE = ("model_sha256", "engine_version", "host", "platform", "cpu", "gpu_name", "gpu_driver", "gpu_uuid",
               "gpu_compute_cap", "cuda_version", "library_versions", "python_version", "harness_version",
               "git_commit", "engine_info", "env", "job_id", "job_array_index")
@@ -192,8 +192,8 @@ def _encoded(table: pa.Table) -> pa.Table:
     return table
 
 
-def _shared_strings(frame: "pd.DataFrame") -> "pd.DataFrame":
-    """Categorical text columns (but WHERE_MADE's) as object columns whose equal values share one
+def _shared_strings(frame: "pd.DataFrame", keep: Iterable[str] = ()) -> "pd.DataFrame":
+    """Categorical text columns (but those in `keep`) as object columns whose equal values share one
     Python string.
 
     A million rows of a 500-byte engine_info cost 8 MB of pointers, not 500 MB of text; the
@@ -204,7 +204,7 @@ def _shared_strings(frame: "pd.DataFrame") -> "pd.DataFrame":
 
     for name in frame.columns:
         column = frame[name]
-        if isinstance(column.dtype, pd.CategoricalDtype) and name not in WHERE_MADE:
+        if isinstance(column.dtype, pd.CategoricalDtype) and name not in keep:
             values = np.append(np.asarray(column.cat.categories, dtype=object), None)
             frame[name] = pd.Series(values[column.cat.codes.to_numpy()], index=frame.index, dtype=object)
     return frame
@@ -314,8 +314,12 @@ class Store:
             return sorted(self.cells_dir.glob("*.parquet")) if self.cells_dir.is_dir() else []
         return sorted(p for p in (self.cell_path(c) for c in set(cell_ids)) if p.is_file())
 
-    def read_rows(self, columns: list[str] | None = None, cell_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    def read_rows(self, columns: list[str] | None = None, cell_ids: Iterable[str] | None = None,
+                  provenance_as_categories: bool = False) -> pd.DataFrame:
         """Every row of the finished cells (all, or the given ids), one DataFrame (empty with the schema if none).
+
+        With `provenance_as_categories`, the WHERE_MADE columns are pandas categoricals (for readers
+        that only group, compare and list them); every other text column holds Python strings.
 
         A file written by a newer schema version is refused, never read with its new columns dropped.
         """
@@ -333,7 +337,8 @@ class Store:
             table = pq.ParquetFile(path, read_dictionary=text).read(columns=present)
             _refuse_newer(path, table)
             tables.append(_encoded(_with_later_axes(table, wanted)))
-        frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas())
+        frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas(),
+                                keep=WHERE_MADE if provenance_as_categories else ())
         names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
         for name in names:  # columns newer than some files read back empty
             if name not in frame.columns:

@@ -515,12 +515,17 @@ def test_readers_give_the_values_a_plain_read_gives(tmp_path):
     store = folder.store
     got = store.read_rows()
     plain = pa.concat_tables([pq.read_table(p) for p in store.cell_files()]).to_pandas()
-    assert len(got) == len(plain) == 18
+    compact = store.read_rows(provenance_as_categories=True)
+    assert len(got) == len(plain) == len(compact) == 18
+    assert isinstance(compact["engine_info"].dtype, pd.CategoricalDtype) and got["engine_info"].dtype == object
+
+    def norm(values):
+        return [None if v is None or (isinstance(v, float) and v != v) else
+                (list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v) for v in values]
+
     for column in plain.columns:
-        def norm(values):
-            return [None if v is None or (isinstance(v, float) and v != v) else
-                    (list(v) if hasattr(v, "__len__") and not isinstance(v, str) else v) for v in values]
         assert norm(got[column].tolist()) == norm(plain[column].tolist()), column
+        assert norm(compact[column].astype(object).tolist()) == norm(plain[column].tolist()), column
     assert got["host"].isna().sum() == 6 and got["error"].isna().sum() == 12
     # one row per wanted output, from whichever file holds it; an unknown hash is absent
     hashes = dict(zip(plain["output_hash"], plain["token_ids"].map(list)))

@@ -186,7 +186,7 @@ def build(
 ) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
     reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
-    rows = store.read_rows(REPORT_COLUMNS)
+    rows = store.read_rows(REPORT_COLUMNS, provenance_as_categories=True)
     annotated = metrics.against_reference(rows, store.tokens_for, reference, allow_mixed)
     chart = charts_mod.compute(rows, annotated, reference, allow_mixed, store.answer_prompts(), store.margins_for)
     charts_mod.add_splits(chart, rows, store.tokens_for, store.texts_for)
