@@ -1,7 +1,7 @@
 """The fixed cost of `harness run`, whole-process: one batch of N x T greedy tokens through the
 harness's command line against a bare llama-cpp-python script doing the same decode.
 
-    python scripts/bench_fixed_cost.py [--batch 8] [--tokens 256] [--rounds 3]
+    python scripts/bench_fixed_cost.py [--batch 8] [--tokens 256] [--rounds 5]
 
 Both are fresh processes, timed from start to exit, alternating round by round. The bare script
 loads the shipped model, prefills the same chat-templated prompts (tokenized beforehand, so it
@@ -94,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from harness.engines.base import LoadSpec
