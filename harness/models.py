@@ -96,15 +96,15 @@ def file_sha256(path: Path) -> str:
     key = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     known = cache_dir() / "sha256.json"
     try:
-        found = json.loads(known.read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        found = None
+        entries = json.loads(known.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    entries = entries if isinstance(entries, dict) else {}
+    found = entries.get(key)
     if isinstance(found, str) and len(found) == 64:
         return found
     digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
     try:
-        entries = json.loads(known.read_text()) if known.is_file() else {}
-        entries = entries if isinstance(entries, dict) else {}
         entries[key] = digest
         known.parent.mkdir(parents=True, exist_ok=True)
         tmp = known.with_name(f".sha256.json.{os.getpid()}.tmp")

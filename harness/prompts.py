@@ -165,11 +165,6 @@ def compose_batch(
     return Batch(tuple(members), position, tuple(f.id for f in fillers))
 
 
-#: what fills a batch around the target: seeded fillers (one measured run per batch), or copies
-#: of the target prompt (every member a measured run: N concurrent requests of one prompt)
-BATCH_FILLS = ("fillers", "copies")
-
-
 @dataclass(frozen=True)
 class PlannedBatch:
     """One batch to run, and which of its members are measured runs: (position, repeat) pairs."""

@@ -220,6 +220,7 @@ class Store:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.cells_dir = self.root / "cells"
+        self.partial_dir = self.root / "partial"
 
     def cell_path(self, cell_id: str) -> Path:
         return self.cells_dir / f"{cell_id}.parquet"
@@ -268,7 +269,7 @@ class Store:
     # -- checkpoints: the finished batches of a cell still running, under partial/<cell_id>/ --------
 
     def part_dir(self, cell_id: str) -> Path:
-        return self.root / "partial" / cell_id
+        return self.partial_dir / cell_id
 
     def write_part(self, cell_id: str, name: str, rows: list[dict[str, Any]]) -> Path:
         """One checkpoint of a cell: rows of batches that finished since the last one (atomic)."""
@@ -289,7 +290,7 @@ class Store:
 
         shutil.rmtree(self.part_dir(cell_id), ignore_errors=True)
         try:
-            self.part_dir(cell_id).parent.rmdir()  # the last one out leaves no empty partial/
+            self.partial_dir.rmdir()  # the last one out leaves no empty partial/
         except OSError:
             pass
 
@@ -302,7 +303,7 @@ class Store:
 
     def clean_stale(self) -> int:
         """Remove temporary files (of cells and checkpoints) whose writer, a process of this host, is gone."""
-        found = list(self.cells_dir.glob(".*.tmp")) + list((self.root / "partial").glob("*/.*.tmp"))
+        found = list(self.cells_dir.glob(".*.tmp")) + list(self.partial_dir.glob("*/.*.tmp"))
         stale = [p for p in found if _writer_gone(p)]
         for path in stale:
             path.unlink(missing_ok=True)
@@ -329,12 +330,13 @@ class Store:
         tables = []
         for path in files:
             wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-            schema = pq.ParquetFile(path).schema_arrow
+            footer = pq.ParquetFile(path)
+            schema = footer.schema_arrow
             present = None if wanted is None else [c for c in wanted if c in schema.names]
             # text columns read as Parquet stores them, dictionary-encoded: a cell repeats its settings
             # and provenance in every row, and each distinct value is then one Python string
             text = [f.name for f in schema if pa.types.is_string(f.type) and (present is None or f.name in present)]
-            table = pq.ParquetFile(path, read_dictionary=text).read(columns=present)
+            table = pq.ParquetFile(path, read_dictionary=text, metadata=footer.metadata).read(columns=present)
             _refuse_newer(path, table)
             tables.append(_encoded(_with_later_axes(table, wanted)))
         frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas(),

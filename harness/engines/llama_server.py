@@ -220,9 +220,10 @@ class LlamaServerEngine(Engine):
             raise
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
+        every = [_sequence(a) for a in answers] if members else []
         timings = answer.get("timings", {})
         return BatchOutput(
-            target=_sequence(answer),
+            target=every[target] if members else _sequence(answer),
             prompt_tokens=int(answer.get("tokens_evaluated", 0)),
             prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
@@ -230,7 +231,7 @@ class LlamaServerEngine(Engine):
             wall_s=wall,
             batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
             cached_tokens=_cached(answer),
-            members=[_sequence(a) for a in answers] if members else [],
+            members=every,
             detail={
                 # with members, a row is one member: each member's slot, in batch order
                 **({"member_slots": [a.get("id_slot") for a in answers]} if members

@@ -428,8 +428,9 @@ class LlamaCppEngine(Engine):
             return SequenceOutput(ids, self.detokenize(ids), finish[seq], logprobs[seq], margins[seq],
                                   [self.detokenize([t]) for t in ids])
 
+        every = [output(s) for s in range(n)] if members else []
         return BatchOutput(
-            target=output(target),
+            target=every[target] if members else output(target),
             prompt_tokens=len(tokens[target]),
             prefill_s=t_prefill - t0,
             ttft_s=t_prefill - t0,
@@ -437,7 +438,7 @@ class LlamaCppEngine(Engine):
             wall_s=t_end - t0,
             batch_generated_tokens=generated,
             cached_tokens=reused,
-            members=[output(s) for s in range(n)] if members else [],
+            members=every,
         )
 
     def describe(self) -> dict[str, Any]:

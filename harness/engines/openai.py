@@ -135,7 +135,9 @@ class OpenAIEngine(Engine):
                                  headers=self._headers)
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
-        target_out, source, missing = self._sequence(answer)
+        # with members, each answer is read once (a tokenizer may be asked for its ids)
+        read = [self._sequence(a) for a in answers] if members else []
+        target_out, source, missing = read[target] if members else self._sequence(answer)
         usage = answer.get("usage", {})
         return BatchOutput(
             target=target_out,
@@ -145,7 +147,7 @@ class OpenAIEngine(Engine):
             target_s=spans[target][1] - spans[target][0],
             wall_s=wall,
             batch_generated_tokens=sum(int(a.get("usage", {}).get("completion_tokens", 0)) for a in answers),
-            members=[self._sequence(a)[0] for a in answers] if members else [],
+            members=[r[0] for r in read] if members else [],
             detail={
                 "token_source": source,
                 "requests_overlapped": sent.overlapped,

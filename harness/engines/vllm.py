@@ -223,8 +223,9 @@ class VllmEngine(Engine):
         if observe is not None:
             self._observe(result.logprobs or [], list(result.token_ids), observe)
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        every = [self._sequence(o.outputs[0]) for o in outputs] if members else []
         return BatchOutput(
-            target=self._sequence(result),
+            target=every[target] if members else self._sequence(result),
             prompt_tokens=len(inputs[target]["prompt_token_ids"]),
             prefill_s=None,
             ttft_s=None,
@@ -232,7 +233,7 @@ class VllmEngine(Engine):
             wall_s=wall,
             batch_generated_tokens=generated,
             cached_tokens=getattr(outputs[target], "num_cached_tokens", None),
-            members=[self._sequence(o.outputs[0]) for o in outputs] if members else [],
+            members=every,
         )
 
     def _sequence(self, result: Any) -> SequenceOutput:
