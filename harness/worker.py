@@ -41,6 +41,10 @@ class WorkOrder:
     checkpoint_s: float = 10.0
     #: run-level provenance the parent collected (None: the worker collects it)
     prov: dict[str, Any] | None = None
+    #: redo cells already done (--force); their new rows replace the old only if they land done
+    force: bool = False
+    #: the node's GPUs as the parent detected them (name, uuid, ...), to name the one a load used
+    gpus: tuple[dict[str, str], ...] = ()
 
 
 class PipeReporter:
@@ -106,8 +110,18 @@ class GroupRunner:
         #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
         self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
 
-    def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
-        self.folder.write_cell(cell.id, rows, self.order.run_id)
+    def _land(self, cell: Cell, rows: list[dict[str, Any]], parts: list[str] = ()) -> None:
+        landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force, parts)
+        if not landing.written:
+            self.reporter.log(f"cell {cell.id}: {landing.reason}")
+
+    def _taken(self, cell: Cell) -> bool:
+        """True when another task landed this cell done since this run chose it (it is not redone)."""
+        if self.order.force or not self.folder.store.is_done(cell.id):
+            return False
+        self.reporter.log(f"cell {cell.id}: landed done by another task meanwhile; not run again")
+        self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
+        return True
 
     def _log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
@@ -135,7 +149,28 @@ class GroupRunner:
                                                  engine.count_tokens)
         return self._contexts[key]
 
-    def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> list[dict[str, Any]]:
+    def _what_ran(self, engine: Any, cell: Cell) -> tuple[dict[str, Any], str | None]:
+        """The row columns of what the engine says is in force, and why that contradicts the cell (or None)."""
+        from harness import enforced
+
+        state = engine.in_force()
+        cols = enforced.columns(state, list(self.order.gpus))
+        return cols, enforced.contradiction(engine.name, cell["gpu"], cell["batch_invariant"], state, cols)
+
+    def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> None:
+        """Run one cell and land it, with what ran beside what was asked; a contradiction fails it."""
+        progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols,
+                                self.rows.prov)
+        rows = self._cell_rows(engine, cell, engine_cols, probes, progress)
+        ran, reason = self._what_ran(engine, cell)  # after the cell: a server engine starts its server late
+        rows = [r | ran for r in rows]
+        if reason is not None:
+            rows = [r | {"status": "failed", "error": reason} for r in rows]
+            self.reporter.log(f"cell {cell.id} failed: {reason}")
+        self._land(cell, rows, progress.parts)
+
+    def _cell_rows(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any,
+                   progress: CellProgress) -> list[dict[str, Any]]:
         from harness import answers
         from harness.context import with_context
         from harness.engines.base import Unsupported
@@ -154,7 +189,6 @@ class GroupRunner:
             return self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size()))
         plans = {p.id: plan_batches(prompt_set, p, size, self.exp.repeats, self.exp.filler_seed, self.exp.batch_fill)
                  for p in prompt_set.prompts}
-        progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols)
         if progress.kept:
             self.reporter.log(f"cell {cell.id}: {len(progress.kept)} run(s) kept from checkpoints; resuming")
             self.reporter.advance(len(progress.kept))
@@ -217,10 +251,23 @@ class GroupRunner:
             return
         with engine:
             engine_cols = self.rows.engine_columns(engine.describe())
+            ran, reason = self._what_ran(engine, cells[0])  # the group's cells share gpu and batch_invariant
+            if reason is not None:  # known at load: no cell runs on what it did not ask for
+                for cell in cells:
+                    self._land(cell, [r | engine_cols | ran for r in self.rows.status_rows(cell, "failed", reason)])
+                    self.reporter.advance(per_cell)
+                self.reporter.log(f"[{spec.engine}] {reason}")
+                return
             wanted = self.exp.probe_logits or self.exp.probe_prefill
             probes = LogitProbes(engine, logits=self.exp.probe_logits, prefill=self.exp.probe_prefill) if wanted else None
             for cell in cells:
-                self._land(cell, self._cell(engine, cell, engine_cols, probes))
+                if not self._taken(cell):
+                    self._cell(engine, cell, engine_cols, probes)
+
+
+#: what a checkpointed row must share with this run to be kept: the same engine and model file,
+#: made on the same machine (a cell never mixes runs of two nodes)
+_SAME_MACHINE = ("engine_version", "model_sha256", "host", "gpu_uuid")
 
 
 class CellProgress:
@@ -228,16 +275,19 @@ class CellProgress:
     at most every `every_s` seconds as their batches finish (0: after every batch).
 
     Kept rows count only when they were made by the same engine version and model file as this
-    load, and ended ok or refused; failed ones run again.
+    load, on the same machine (host, GPU), and ended ok or refused; failed ones run again.
+    `parts` names the checkpoint files this run read or wrote: the ones its landing may remove.
     """
 
-    def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any]) -> None:
+    def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any],
+                 machine: dict[str, Any] | None = None) -> None:
         from harness.store import DONE_STATUSES
 
         self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
-        same = ("engine_version", "model_sha256")
-        self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
-                     if r["status"] in DONE_STATUSES and all(r.get(k) == engine_cols.get(k) for k in same)}
+        here = engine_cols | (machine or {})
+        self.parts = folder.checkpoint_names(cell_id)
+        self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id, self.parts)
+                     if r["status"] in DONE_STATUSES and all(r.get(k) == here.get(k) for k in _SAME_MACHINE)}
         self.new: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
         self._parts = 0
@@ -259,7 +309,9 @@ class CellProgress:
 
         keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
         if keep:
-            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep, self.run_id)
+            name = f"{self.run_id}-{self._parts:05d}.parquet"
+            self.folder.checkpoint(self.cell_id, name, keep, self.run_id)
+            self.parts.append(name)
             self._parts += 1
         self._pending = []
         self._last = time.monotonic()

@@ -100,14 +100,16 @@ def test_slurm_and_pbs_scripts(loaded, tmp_path):
 
 @needs_llama
 def test_gpu_routing_with_fixed_detection(write, tmp_path, monkeypatch):
-    """Stand-in hardware: the driver 'reports' an A100. A100 cells run, L40S cells are skipped."""
+    """Stand-in hardware: the driver 'reports' an A100. A100 cells are tried here (and fail: this llama.cpp
+    build cannot offload, so they would run on the CPU), L40S cells are skipped."""
     monkeypatch.setattr(provenance, "detect_gpus", lambda: [{"name": "NVIDIA A100-SXM4-80GB"}])
     write("prompts.yaml", PROMPTS)
     text = MATRIX.replace("dtype: [auto, f16, f32]", "gpu: [A100, L40S]").replace("[1, 2, 3, 4]", "[1]")
     store = Store(tmp_path / "out")
     Runner(load_experiment(write("exp.yaml", text)), ResultsFolder(store.root)).run()
     rows = store.read_rows()
-    assert set(rows[rows.gpu == "A100"].status) == {"ok"}
+    a100 = rows[rows.gpu == "A100"]
+    assert set(a100.status) == {"failed"} and a100.error.str.startswith("asked gpu A100; llamacpp offloaded 0").all()
     skipped = rows[rows.gpu == "L40S"]
     assert set(skipped.status) == {"skipped"}
     assert skipped.error.str.contains("asks for GPU 'L40S', this machine has NVIDIA A100-SXM4-80GB").all()

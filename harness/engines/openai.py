@@ -51,6 +51,9 @@ class OpenAIEngine(Engine):
             return "the openai engine cannot switch a server's batch-invariant mode; launch the server with it and say so in 'model'"
         if spec.dtype != "auto":
             return "the openai engine cannot choose a dtype; the server's is used (set dtype: auto)"
+        if spec.gpu == "cpu":
+            return ("the openai engine cannot tell or choose where a server computes; start it on the CPU "
+                    "yourself and use gpu: any (or a GPU type, to route the cell to such a node)")
         for axis in ("prefill_chunk", "kv_cache_dtype"):
             if getattr(spec, axis) != "auto":
                 return f"the openai engine cannot set {axis} per request; start the server with it and keep {axis}: auto"

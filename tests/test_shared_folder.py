@@ -1,0 +1,148 @@
+"""Many tasks filling one results folder: a finished cell is never lost, whatever lands after it.
+
+Each task decides what to run when it starts; these tests land another task's cell in the middle
+of a run (from the run's own progress hook, so the interleaving is exact) and check what survives.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_experiment
+from harness.errors import HarnessError
+from harness.folder_lock import exclusive
+from harness.results import ResultsFolder, landing_rule
+from harness.runner import Runner
+
+from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
+
+
+@pytest.mark.parametrize("old, new, force, written", [
+    ([], ["skipped"], False, True),                  # nothing there: even a skipped cell says so
+    (["ok"], ["skipped"], False, False),             # skipped never replaces
+    (["failed"], ["skipped"], False, False),
+    (["skipped"], ["skipped"], False, False),
+    (["ok", "ok"], ["ok", "failed"], False, False),  # not done never replaces done ...
+    (["ok"], ["failed"], True, False),               # ... not even with --force
+    (["unsupported"], ["failed"], False, False),
+    (["ok"], ["ok"], False, False),                  # done over done only with --force
+    (["ok"], ["ok"], True, True),
+    (["failed"], ["failed"], False, True),           # the newer failure says more
+    (["failed"], ["ok"], False, True),
+    (["skipped"], ["failed"], False, True),
+    (["ok", "failed"], ["ok", "ok"], False, True),
+])
+def test_landing_rule(old, new, force, written):
+    assert (landing_rule(old, new, force) is None) == written
+
+
+def _rows(cell: str, status: str, n: int = 2) -> list[dict]:
+    return [{"cell_id": cell, "prompt_id": "p", "repeat": r, "status": status, "error": status} for r in range(n)]
+
+
+def test_a_done_cell_survives_every_later_landing(tmp_path):
+    folder = ResultsFolder(tmp_path)
+    assert folder.write_cell("c", _rows("c", "ok"), "task-a").written
+    for status in ("skipped", "failed"):
+        landing = folder.write_cell("c", _rows("c", status), "task-b")
+        assert not landing.written and "kept the done cell" in landing.reason
+    assert folder.store.statuses("c") == ["ok", "ok"]
+    assert folder.manifest()["cells"]["c"]["run_id"] == "task-a"
+
+
+def test_checkpoints_of_a_cell_another_task_runs_are_left_alone(tmp_path):
+    folder = ResultsFolder(tmp_path)
+    folder.checkpoint("c", "task-c-00000.parquet", _rows("c", "ok", 1), "task-c")  # task C is running c
+    folder.write_cell("c", _rows("c", "failed"), "task-b")  # B's run of it failed
+    folder.write_cell("c", _rows("c", "ok"), "task-a", parts=[])  # A lands it done, having read none
+    assert folder.checkpoint_names("c") == ["task-c-00000.parquet"]
+    assert (folder.store.part_dir("c") / "task-c-00000.parquet").is_file()
+    folder.write_cell("c", _rows("c", "ok"), "task-c", parts=["task-c-00000.parquet"])  # C lands: refused, cleans up
+    assert folder.checkpoint_names("c") == [] and not folder.store.partial_dir.exists()
+
+
+class _LandsMeanwhile:
+    """A progress reporter that, once the run has chosen its cells, lands another task's cell."""
+
+    def __init__(self, folder: ResultsFolder, cell_id: str, status: str) -> None:
+        self.folder, self.cell_id, self.status, self.logs = folder, cell_id, status, []
+
+    def start(self, total: int) -> None:
+        self.folder.write_cell(self.cell_id, _rows(self.cell_id, self.status, 2 * 2), "other-task")
+
+    def advance(self, n: int) -> None: ...
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+
+def _experiment(tmp_path: Path, matrix: str) -> Path:
+    (tmp_path / "prompts.yaml").write_text(PROMPTS)
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"name: shared\nprompts: prompts.yaml\nrepeats: 2\nmax_tokens: 4\nmatrix:\n{matrix}")
+    return path
+
+
+def test_skipped_rows_never_land_over_a_cell_another_node_finished(tmp_path, monkeypatch):
+    """Task B (no GPU) chose the A100 cell as pending; task A lands it ok meanwhile; B's skip keeps it."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi: this node has no GPU
+    loaded = load_experiment(_experiment(tmp_path, "  model: [smollm2-135m]\n  engine: [llamacpp]\n  gpu: [A100]\n"))
+    folder = ResultsFolder(tmp_path / "out")
+    runner = Runner(loaded, folder)
+    (cell_id,) = [c.id for c in __import__("harness.matrix", fromlist=["expand"]).expand(loaded)]
+    runner.reporter = _LandsMeanwhile(folder, cell_id, "ok")
+    runner.run()
+    assert set(folder.store.statuses(cell_id)) == {"ok"}
+    assert folder.manifest()["cells"][cell_id]["run_id"] == "other-task"
+
+
+@needs_llama
+def test_a_failed_run_never_lands_over_a_cell_another_task_finished(tmp_path):
+    """A resubmitted task whose engine fails to load must not replace the cell an earlier task finished."""
+    from harness.matrix import expand
+
+    loaded = load_experiment(_experiment(tmp_path, "  model: [missing.gguf]\n  engine: [llamacpp]\n"))
+    folder = ResultsFolder(tmp_path / "out")
+    (cell_id,) = [c.id for c in expand(loaded)]
+    reporter = _LandsMeanwhile(folder, cell_id, "ok")
+    Runner(loaded, folder, reporter).run()
+    assert set(folder.store.statuses(cell_id)) == {"ok"}
+    assert any("kept the done cell" in m for m in reporter.logs), reporter.logs
+
+
+def _hold(path: str, seconds: float, ready: str) -> None:
+    with exclusive(Path(path)):
+        Path(ready).touch()
+        time.sleep(seconds)
+
+
+def test_the_folder_lock_excludes_other_processes_and_breaks_a_dead_holders(tmp_path):
+    lock = tmp_path / ".manifest.lock"
+    ctx = multiprocessing.get_context("spawn")
+    holder = ctx.Process(target=_hold, args=(str(lock), 1.0, str(tmp_path / "ready")))
+    holder.start()
+    while not (tmp_path / "ready").exists():
+        time.sleep(0.01)
+    with pytest.raises(HarnessError, match="waited"):
+        with exclusive(lock, wait_s=0.2):
+            pass
+    t0 = time.monotonic()
+    with exclusive(lock):
+        assert time.monotonic() - t0 > 0.3  # it waited for the holder to let go
+    holder.join()
+    # a holder killed while holding it: a process of this host that is gone
+    lock.write_text(f"{socket.gethostname()} 999999999 0 0")
+    with exclusive(lock, wait_s=1):
+        assert lock.read_text().split()[1] == str(os.getpid())
+    assert not lock.exists()
+    # a holder on another node whose lock is older than any update: broken after stale_s
+    lock.write_text("other-node 12 0 0")
+    os.utime(lock, (time.time() - 5, time.time() - 5))
+    with exclusive(lock, wait_s=1, stale_s=2):
+        pass
