@@ -529,12 +529,15 @@ def check(
 ) -> None:
     """Gate CI on determinism and cost: exit 0 when every expectation holds, 1 when one fails, 2 on bad rules.
 
-    A rule fails when it matches no cell, when it judges nothing (no compared runs, no paired
-    timings), or when a run it selects failed (unless the rule says allow_failed: true).
+    A rule fails when it matches no cell, when one of its conditions judges nothing (no compared
+    runs, no paired timings), when a cell it selects never ran or was skipped (unless the rule says
+    allow_missing: true), or when a run it selects failed (unless it says allow_failed: true).
     """
+    import pandas as pd
+
     from harness import gate
     from harness.config import load_expectations
-    from harness.results import ResultsFolder
+    from harness.results import ResultsFolder, open_results
 
     rules = load_expectations(expect) if expect is not None else None
     summary, cost, _, answers = _summaries(results, reference, allow_mixed, all_cells)
@@ -542,7 +545,10 @@ def check(
         rules = [r for e in ResultsFolder(results).experiments() for r in e.experiment.expect]
         if not rules:
             raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
-    verdicts = gate.evaluate(rules, summary, cost, answers)
+    opened = open_results(results, all_cells)
+    on_disk = set(opened.cell_ids)
+    missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for c in opened.folder.current_cells() if c.id not in on_disk])
+    verdicts = gate.evaluate(rules, summary, cost, answers, missing if not missing.empty else None)
     table = Table(title=f"{results}: expectations", title_justify="left")
     for col in ("rule", "verdict", "detail"):
         table.add_column(col)

@@ -241,6 +241,8 @@ class Expectation(Strict):
     answer_agreement_min: float | None = Field(
         None, ge=0, le=1, description="at least this share of runs give the reference run's answer")
     allow_failed: bool = Field(False, description="judge the runs that did not fail instead of failing the rule")
+    allow_missing: bool = Field(False, description="judge what ran, even where cells of the selection never ran "
+                                                   "(missing) or were skipped (their GPU type was not there)")
 
 
 class SharedContext(Strict):
@@ -332,9 +334,11 @@ def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tu
 def _check_entries(
     source: yamlsrc.Source, section: str, entries: list[dict[str, Any]], loc_prefix: tuple | None = None,
     option_axes: dict[str, list[str]] | None = None,
+    only_swept: bool = False,
 ) -> list[dict[str, Any]]:
     """Validate include/exclude/where entries: keys are axes (or swept engine options), values pass
-    the axis' own checks."""
+    the axis' own checks. With `only_swept`, an engine option is a key only where it is swept (a rule's
+    `where` on a column the rows do not have would select nothing, or everything)."""
     option_axes = option_axes or {}
     out = []
     for index, entry in enumerate(entries):
@@ -344,7 +348,8 @@ def _check_entries(
                 out.append({})
                 continue
             raise ConfigError(f"{source.where(loc)}: {section}[{index}]: empty entry")
-        unknown = [k for k in entry if k not in AXES and k not in option_axes and option_axis(k) is None]
+        unknown = [k for k in entry if k not in AXES and k not in option_axes
+                   and (only_swept or option_axis(k) is None)]
         if unknown:
             raise ConfigError(
                 f"{source.where(loc + (unknown[0],))}: {yamlsrc.format_loc(loc + (unknown[0],))}: "
@@ -477,7 +482,7 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
     rules = []
     for index, rule in enumerate(experiment.expect):
         where = _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"),
-                               option_axes=option_axes)[0]
+                               option_axes=option_axes, only_swept=True)[0]
         rules.append(rule.model_copy(update={"where": where}))  # canonical values, as rows hold them
         if all(getattr(rule, k) is None for k in CONDITIONS):
             raise ConfigError(f"{source.where(('expect', index))}: expect[{index}]: no condition; give one of "

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +17,13 @@ from harness import metrics
 from harness.engines.base import Unsupported
 from harness.engines.llama_server import find_binary
 
-from .conftest import needs_llama, run_experiment
+from .conftest import PROMPTS, needs_llama, run_experiment
 
 
 def _have_server() -> bool:
     try:
         find_binary(None)
-    except Unsupported:
+    except (Unsupported, RuntimeError):
         return False
     return True
 
@@ -153,3 +157,41 @@ def test_prefix_cache_chunk_and_context_on_the_real_server(tmp_path):
     refused = rows[rows.kv_cache_dtype == "fp8"]
     assert set(refused.status) == {"unsupported"} and "fp8" in refused.error.iloc[0]
     assert not _servers()
+
+
+def _servers_of(folder: Path) -> list[int]:
+    """llama-server processes started for this results folder (their environment names its log folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"llama-server" in (proc / "cmdline").read_bytes() and str(folder).encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_no_server_outlives_harness_run(tmp_path, how):
+    """`harness run` ended mid-cell by SIGKILL (nothing of it can clean up) or Ctrl-C: its llama-server goes too."""
+    (tmp_path / "prompts.yaml").write_text(PROMPTS)
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT.replace("engine: [llama-server, llamacpp]", "engine: [llama-server]")
+                                       .replace("max_tokens: 16", "max_tokens: 400").replace("repeats: 2", "repeats: 50"))
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", str(out), "--no-summary"],
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not _servers_of(out / "logs"):
+        time.sleep(0.2)
+    assert _servers_of(out / "logs"), "the server was never seen running"
+    run.send_signal(how)
+    run.wait(60)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _servers_of(out / "logs"):
+        time.sleep(0.2)
+    left = _servers_of(out / "logs")
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"llama-server outlived harness run ({how.name})"

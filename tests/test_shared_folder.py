@@ -9,6 +9,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from harness.config import load_experiment
 from harness.errors import HarnessError
 from harness.folder_lock import exclusive
 from harness.results import ResultsFolder, landing_rule
+from harness.matrix import expand
 from harness.runner import Runner
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
@@ -95,7 +98,7 @@ def test_skipped_rows_never_land_over_a_cell_another_node_finished(tmp_path, mon
     loaded = load_experiment(_experiment(tmp_path, "  model: [smollm2-135m]\n  engine: [llamacpp]\n  gpu: [A100]\n"))
     folder = ResultsFolder(tmp_path / "out")
     runner = Runner(loaded, folder)
-    (cell_id,) = [c.id for c in __import__("harness.matrix", fromlist=["expand"]).expand(loaded)]
+    (cell_id,) = [c.id for c in expand(loaded)]
     runner.reporter = _LandsMeanwhile(folder, cell_id, "ok")
     runner.run()
     assert set(folder.store.statuses(cell_id)) == {"ok"}
@@ -103,16 +106,16 @@ def test_skipped_rows_never_land_over_a_cell_another_node_finished(tmp_path, mon
 
 
 @needs_llama
-def test_a_failed_run_never_lands_over_a_cell_another_task_finished(tmp_path):
-    """A resubmitted task whose engine fails to load must not replace the cell an earlier task finished."""
-    from harness.matrix import expand
-
+def test_a_failed_run_never_lands_over_a_done_cell_even_when_forced(tmp_path):
+    """A task redoing a finished cell (--force, or a resubmission) whose engine fails to load keeps the old cell."""
     loaded = load_experiment(_experiment(tmp_path, "  model: [missing.gguf]\n  engine: [llamacpp]\n"))
     folder = ResultsFolder(tmp_path / "out")
     (cell_id,) = [c.id for c in expand(loaded)]
+    folder.write_cell(cell_id, _rows(cell_id, "ok", 4), "earlier-task")
     reporter = _LandsMeanwhile(folder, cell_id, "ok")
-    Runner(loaded, folder, reporter).run()
+    Runner(loaded, folder, reporter).run(force=True)
     assert set(folder.store.statuses(cell_id)) == {"ok"}
+    assert folder.manifest()["cells"][cell_id]["run_id"] == "earlier-task"
     assert any("kept the done cell" in m for m in reporter.logs), reporter.logs
 
 
@@ -146,3 +149,50 @@ def test_the_folder_lock_excludes_other_processes_and_breaks_a_dead_holders(tmp_
     os.utime(lock, (time.time() - 5, time.time() - 5))
     with exclusive(lock, wait_s=1, stale_s=2):
         pass
+
+
+# -- the gate sees the whole experiment --------------------------------------------------------
+
+
+def _gate(root: Path, rules: str) -> subprocess.CompletedProcess:
+    """`harness check` with these rules, its table wide enough to keep each verdict on one line."""
+    (root.parent / "rules.yaml").write_text(rules)
+    return subprocess.run([sys.executable, "-m", "harness", "check", str(root), "--expect", str(root.parent / "rules.yaml")],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"})
+
+
+def test_the_gate_fails_on_cells_that_never_ran_or_were_skipped(tmp_path):
+    from .conftest import row_for, synthetic_folder
+
+    folder, cells = synthetic_folder(tmp_path / "out", ["p1", "p2"], {"batch_size": [1, 2, 4, 8]}, repeats=2)
+    by = {c["batch_size"]: c for c in cells}
+    for size in (1, 2):  # batch 4's task never ran; batch 8's node lacked its GPU
+        folder.write_cell(by[size].id, [row_for(by[size], p, r, [1, 2, 3]) for p in ("p1", "p2") for r in range(2)], "t")
+    folder.write_cell(by[8].id, [row_for(by[8], p, r, status="skipped", error="no A100 here")
+                                 for p in ("p1", "p2") for r in range(2)], "t")
+    whole = _gate(folder.root, "expect:\n  - unique_outputs: 1\n")
+    assert whole.returncode == 1
+    assert f"1 selected cell(s) never ran (missing: {by[4].id})" in whole.stdout, whole.stdout
+    assert "1 selected cell(s) were skipped" in whole.stdout and "no A100 here" in whole.stdout
+    assert _gate(folder.root, "expect:\n  - unique_outputs: 1\n    allow_missing: true\n").returncode == 0
+    only_missing = _gate(folder.root, "expect:\n  - where: {batch_size: 4}\n    unique_outputs: 1\n")
+    assert only_missing.returncode == 1 and "never ran" in only_missing.stdout  # not "matches no cell"
+    ran = _gate(folder.root, "expect:\n  - where: {batch_size: 2}\n    unique_outputs: 1\n")
+    assert ran.returncode == 0, ran.stdout
+    # every condition must judge something: batch 2 has runs to count but no batch-invariant pairs
+    idle = _gate(folder.root, "expect:\n  - where: {batch_size: 2}\n    unique_outputs: 1\n    slowdown_max: 4\n")
+    assert idle.returncode == 1 and "judged nothing for slowdown_max" in idle.stdout, idle.stdout
+    # a key the rows do not have selects nothing (it used to select everything)
+    foreign = _gate(folder.root, "expect:\n  - where: {llamacpp.flash_attn: 'on'}\n    unique_outputs: 1\n")
+    assert foreign.returncode == 1 and "matches no cell" in foreign.stdout, foreign.stdout
+
+
+def test_an_experiments_rule_on_an_option_it_does_not_sweep_is_refused_at_load(write):
+    from harness.config import load_experiment
+    from harness.errors import ConfigError
+
+    write("p.yaml", PROMPTS)
+    path = write("exp.yaml", "name: x\nprompts: p.yaml\nmatrix:\n  model: [m]\nexpect:\n"
+                             "  - where: {llamacpp.flash_attn: 'on'}\n    unique_outputs: 1\n")
+    with pytest.raises(ConfigError, match=r"exp.yaml:6: expect\[0\].where.llamacpp.flash_attn: unknown axis"):
+        load_experiment(path)
