@@ -44,7 +44,8 @@ ALL_CELLS_HELP = (
 )
 ALLOW_MIXED_HELP = (
     "Pair or pool rows even where this differs (repeatable): model_sha256, engine_version, "
-    "schema_version, chat_template. Without it such rows are refused, unless the compared axis implies it."
+    "schema_version, chat_template, host (node, GPU uuid, driver, CUDA). Without it such rows are refused, unless "
+    "the compared axis implies it (--reference gpu=... implies host). A slowdown never pairs two machines."
 )
 
 
@@ -282,7 +283,7 @@ def submit(
     scheduler: str = typer.Option(..., "--scheduler", "-s", help="slurm or pbs."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Shared results folder (default: results/<name>)."),
     cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids (e.g. to resubmit failed ones)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Write and print the job scripts; submit nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the job scripts; write and submit nothing."),
 ) -> None:
     """Submit the experiment as array jobs: one job per GPU type, one array task per shard."""
     from harness import cluster
@@ -291,15 +292,15 @@ def submit(
 
     loaded = load_experiment(experiment)
     out = out or Path("results") / loaded.experiment.name
-    ResultsFolder(out).adopt(loaded)  # the array tasks run this snapshot, not the live file
     ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
-    jobs = cluster.write_jobs(loaded, out, scheduler, ids)
     console = _console()
     if dry_run:
-        for job in jobs:
-            console.print(f"[bold]{job.script}[/bold]  ({job.cells} cells, {job.shards} array tasks)")
-            sys.stdout.write(Path(job.script).read_text() + "\n")
+        for job in cluster.render_jobs(loaded, out, scheduler, ids):
+            console.print(f"[bold]{job.script}[/bold]  ({job.cells} cells, {job.shards} array tasks; not written)")
+            sys.stdout.write(job.text + "\n")
         return
+    ResultsFolder(out).adopt(loaded)  # the array tasks run this snapshot, not the live file
+    jobs = cluster.write_jobs(loaded, out, scheduler, ids)
     for job in cluster.submit(jobs, out):
         console.print(f"gpu={job.gpu}: job {job.job_id}, {job.shards} array task(s), {job.cells} cells ({job.script})")
     console.print(f"follow with: harness status {out}")

@@ -7,6 +7,7 @@ atomically and skipped when done, so a requeued or resubmitted task resumes with
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,10 +16,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.config import Cluster, LoadedExperiment
+from harness.config import Cluster, GpuResources, LoadedExperiment
 from harness.errors import HarnessError
-from harness.matrix import Cell, expand, group
-from harness.selection import Selection, apply
+from harness.matrix import Cell, Group, expand, group
+from harness.selection import Selection, apply, units
 
 SCHEDULERS = ("slurm", "pbs")
 
@@ -31,6 +32,19 @@ class ArrayJob:
     script: str
     scheduler: str
     job_id: str = ""
+    #: the script's text (written to `script` by write_jobs)
+    text: str = ""
+
+
+def job_name(*parts: str) -> str:
+    """A job name both schedulers take: letters, digits, '.', '_' and '-' only (GPU types such as
+    'RTX 4090' hold spaces, which break #SBATCH and #PBS lines)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts)).strip("_")
+
+
+def _gpu_count(gpu: str, res: GpuResources | None) -> int:
+    """GPUs a task of this type asks for: none for cpu and any, else the type's count (default 1)."""
+    return 0 if gpu in ("cpu", "any") else (res.count if res is not None else 1)
 
 
 def _command(out: Path, gpu: str, shards: int, index_expr: str,
@@ -48,7 +62,7 @@ def render_slurm(name: str, gpu: str, shards: int, cluster: Cluster, command: st
     res = cluster.gpus.get(gpu)
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=harness-{name}-{gpu}",
+        f"#SBATCH --job-name={job_name('harness', name, gpu)}",
         f"#SBATCH --array=0-{shards - 1}",
         f"#SBATCH --time={cluster.time}",
         f"#SBATCH --mem={cluster.mem}",
@@ -63,19 +77,21 @@ def render_slurm(name: str, gpu: str, shards: int, cluster: Cluster, command: st
             value = getattr(res, key)
             if value:
                 lines.append(f"#SBATCH --{key}={value}")
+    if not (res is not None and res.gres) and _gpu_count(gpu, res):
+        lines.append(f"#SBATCH --gres=gpu:{_gpu_count(gpu, res)}")  # a GPU cell on a node without one is skipped
     lines += ["set -euo pipefail", *cluster.setup, f"exec {command}", ""]
     return "\n".join(lines)
 
 
 def render_pbs(name: str, gpu: str, shards: int, cluster: Cluster, command: str, logs: Path) -> str:
     res = cluster.gpus.get(gpu)
+    count = _gpu_count(gpu, res)
     select = res.select if res is not None and res.select else (
-        f"select=1:ncpus={cluster.cpus}:mem={cluster.mem.lower().rstrip('b')}b"
-        + ("" if gpu in ("cpu", "any") else ":ngpus=1")
+        f"select=1:ncpus={cluster.cpus}:mem={cluster.mem.lower().rstrip('b')}b" + (f":ngpus={count}" if count else "")
     )
     lines = [
         "#!/bin/bash",
-        f"#PBS -N h-{name}-{gpu}"[:236],
+        f"#PBS -N {job_name('h', name, gpu)}"[:236],
         f"#PBS -l {select}",
         f"#PBS -l walltime={_pbs_walltime(cluster.time)}",
         "#PBS -j oe",
@@ -100,6 +116,11 @@ def _pbs_walltime(slurm_time: str) -> str:
     return f"{int(days) * 24 + int(hours)}:{minutes}:{seconds}"
 
 
+def comparison_units(cells: list[Cell]) -> list[list[Group]]:
+    """The units of cells that one task must run together (see harness.selection)."""
+    return units(group(cells))
+
+
 def plan_jobs(loaded: LoadedExperiment, cell_ids: list[str] | None) -> dict[str, list[Cell]]:
     """Cells per GPU type (the value of the gpu axis), after an optional --cells filter."""
     chosen = apply(group(expand(loaded)), Selection(cell_ids=frozenset(cell_ids) if cell_ids else None))
@@ -112,25 +133,31 @@ def plan_jobs(loaded: LoadedExperiment, cell_ids: list[str] | None) -> dict[str,
 
 def write_jobs(loaded: LoadedExperiment, out: Path, scheduler: str, cell_ids: list[str] | None) -> list[ArrayJob]:
     """Write one array-job script per GPU type under OUT/jobs; nothing is submitted here."""
+    jobs = render_jobs(loaded, out, scheduler, cell_ids)
+    (out / "jobs" / "logs").mkdir(parents=True, exist_ok=True)
+    for job in jobs:
+        Path(job.script).write_text(job.text)
+    return jobs
+
+
+def render_jobs(loaded: LoadedExperiment, out: Path, scheduler: str, cell_ids: list[str] | None) -> list[ArrayJob]:
+    """One array-job script per GPU type, as text with the path it goes to; nothing is written."""
     if scheduler not in SCHEDULERS:
         raise HarnessError(f"--scheduler '{scheduler}': allowed: {', '.join(SCHEDULERS)}")
     cluster = loaded.experiment.cluster
     jobs_dir = (out / "jobs").resolve()
     logs = jobs_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     python = cluster.python or sys.executable
     jobs = []
     for gpu, cells in plan_jobs(loaded, cell_ids).items():
-        groups = len({c.group_id for c in cells})
-        shards = min(len(cells), cluster.shards or groups)
+        shards = min(len(comparison_units(cells)), cluster.shards or len(cells))
         index = "${SLURM_ARRAY_TASK_ID}" if scheduler == "slurm" else (
             "$((PBS_ARRAY_INDEX - 1))" if shards > 1 else "0")
         command = _command(out, gpu, shards, index, cell_ids, python)
         render = render_slurm if scheduler == "slurm" else render_pbs
         text = render(loaded.experiment.name, gpu, shards, cluster, command, logs)
-        path = jobs_dir / f"{loaded.experiment.name}-{gpu}.{scheduler}"
-        path.write_text(text)
-        jobs.append(ArrayJob(gpu, shards, len(cells), str(path), scheduler))
+        path = jobs_dir / f"{job_name(loaded.experiment.name, gpu)}.{scheduler}"
+        jobs.append(ArrayJob(gpu, shards, len(cells), str(path), scheduler, text=text))
     return jobs
 
 
@@ -146,5 +173,6 @@ def submit(jobs: list[ArrayJob], out: Path) -> list[ArrayJob]:
             raise HarnessError(f"{tool} refused {job.script}: {proc.stderr.strip() or proc.stdout.strip()}")
         job.job_id = proc.stdout.strip().split(";")[0]
         with open(out / "jobs" / "submitted.jsonl", "a") as log:
-            log.write(json.dumps(asdict(job) | {"at": datetime.now(timezone.utc).isoformat()}) + "\n")
+            record = {k: v for k, v in asdict(job).items() if k != "text"}
+            log.write(json.dumps(record | {"at": datetime.now(timezone.utc).isoformat()}) + "\n")
     return jobs

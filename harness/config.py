@@ -200,6 +200,7 @@ class GpuResources(Strict):
     constraint: str | None = None  # SLURM
     queue: str | None = None  # PBS
     select: str | None = None  # PBS, e.g. select=1:ncpus=8:ngpus=1:mem=32gb
+    count: int = Field(1, ge=0, description="GPUs each task asks for when gres / select do not say (0: none)")
 
 
 class Cluster(Strict):

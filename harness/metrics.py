@@ -39,15 +39,20 @@ PROBE_STAT_COLUMNS = [
     "probe_max_abs_diff", "probe_low_margin_frac",
 ]
 #: What must agree between a run and the run it is compared or pooled with: another model file,
-#: engine version, row schema or chat template makes a difference that is not the axis's.
-MIXABLE: tuple[str, ...] = ("model_sha256", "engine_version", "schema_version", "chat_template")
-#: what a compared axis changes by its nature (a dtype export is another model file, ...)
+#: engine version, row schema or chat template makes a difference that is not the axis's, and so
+#: does another machine ('host': the node, its GPU's uuid, driver and CUDA version).
+MIXABLE: tuple[str, ...] = ("model_sha256", "engine_version", "schema_version", "chat_template", "host")
+#: the row columns that say which machine made a row; together they are the 'host' above
+MACHINE_COLUMNS = ("host", "gpu_uuid", "gpu_driver", "cuda_version")
+#: what a compared axis changes by its nature (a dtype export is another model file, another GPU
+#: type is another machine, ...)
 IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
     "model": frozenset({"model_sha256", "chat_template"}),
     "dtype": frozenset({"model_sha256"}),
     "engine": frozenset({"engine_version", "model_sha256", "chat_template"}),
+    "gpu": frozenset({"host"}),
 }
-PROVENANCE_COLUMNS = ["model_sha256", "engine_version", "schema_version", "engine_info"]
+PROVENANCE_COLUMNS = ["model_sha256", "engine_version", "schema_version", "engine_info", *MACHINE_COLUMNS]
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
     "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used",
@@ -91,11 +96,21 @@ def chat_template_of(engine_info: pd.Series) -> pd.Series:
     return per_value(engine_info, one, missing="")
 
 
+def _machine_of(frame: pd.DataFrame) -> pd.Series:
+    """Which machine made each row: 'host (GPU uuid, driver, CUDA)', from the columns present."""
+    parts = [frame[c].astype(object).where(frame[c].notna(), "").astype(str) if c in frame else
+             pd.Series("", index=frame.index) for c in MACHINE_COLUMNS]
+    host, gpu = parts[0], parts[1] + " driver " + parts[2] + " CUDA " + parts[3]
+    return host.where(parts[1] == "", host + " (" + gpu + ")")
+
+
 def _provenance(frame: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=frame.index)
     for col in MIXABLE:
         if col == "chat_template":
             out[col] = chat_template_of(frame["engine_info"]) if "engine_info" in frame else ""
+        elif col == "host":
+            out[col] = _machine_of(frame)
         elif col == "schema_version" and col in frame:
             out[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64").astype(str)
         else:
@@ -429,7 +444,9 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
     if not pairs.empty and any(c in ok for c in PROVENANCE_COLUMNS):
         side = {s: pairs[[c + s for c in ["cell_id"] + PROVENANCE_COLUMNS if c in ok]].rename(
             columns=lambda c, s=s: c.removesuffix(s)) for s in ("_off", "_on")}
-        refuse_mixed(side["_off"], side["_on"], allow_mixed, "pairing batch-invariant off/on runs", "off", "on")
+        # a slowdown divides two throughputs: never of two machines, whatever --allow-mixed says
+        refuse_mixed(side["_off"], side["_on"], set(allow_mixed) - {"host"}, "pairing batch-invariant off/on runs",
+                     "off", "on")
     if pairs.empty:
         return pd.DataFrame(columns=setting + ["pairs", "throughput_ratio", "latency_ratio"])
     pairs["throughput"] = pairs["batch_tokens_per_s_off"] / pairs["batch_tokens_per_s_on"]

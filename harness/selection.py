@@ -1,8 +1,11 @@
 """Which cells one `harness run` takes: filters by axis value or cell id, and shards.
 
 A shard is a deterministic share of the cells, computed from the whole experiment (not from
-what is done), so every array task of a job agrees on who runs what. Engine loads are kept
-whole when there are at least as many loads as shards; only then are large ones split.
+what is done), so every array task of a job agrees on who runs what. What is compared runs in
+one task, on one node: an engine load is never split (its batch-1 reference cell and the cells
+measured against it stay together), and loads that differ only in batch_invariant (the off/on
+twins a slowdown divides) go to the same task. With more shards than such units, the extra
+shards get nothing (harness submit asks for no more tasks than there are units).
 """
 
 from __future__ import annotations
@@ -33,30 +36,34 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _pieces(groups: list[Group], count: int) -> list[tuple[Group, list[Cell]]]:
-    pieces = [(g, list(g.cells)) for g in groups if g.cells]
-    while len(pieces) < count:
-        largest = max(range(len(pieces)), key=lambda k: len(pieces[k][1]), default=None)
-        if largest is None or len(pieces[largest][1]) < 2:
-            break
-        grp, cells = pieces.pop(largest)
-        half = (len(cells) + 1) // 2
-        pieces[largest:largest] = [(grp, cells[:half]), (grp, cells[half:])]
-    return pieces
+def _twin_key(grp: Group) -> str:
+    """Loads with equal keys are compared with each other (batch-invariant off and on)."""
+    spec = grp.spec
+    return repr((spec.engine, spec.model, spec.dtype, spec.gpu, sorted(spec.options.items()), spec.prefill_chunk,
+                 spec.kv_cache_dtype, spec.prefix_caching))
+
+
+def units(groups: list[Group]) -> list[list[Group]]:
+    """The loads that must run in one task, together: each load, with its batch-invariant twin."""
+    out: dict[str, list[Group]] = {}
+    for grp in groups:
+        out.setdefault(_twin_key(grp), []).append(grp)
+    return list(out.values())
 
 
 def shard_of(groups: list[Group], index: int, count: int) -> list[tuple[Group, list[Cell]]]:
-    """Greedy balance by cell count: largest pieces first, each to the least-loaded shard."""
-    pieces = sorted(_pieces(groups, count), key=lambda p: (-len(p[1]), p[1][0].id))
+    """Greedy balance by cell count over whole units: largest first, each to the least-loaded shard."""
+    pieces = sorted((u for u in units(groups) if any(g.cells for g in u)),
+                    key=lambda u: (-sum(len(g.cells) for g in u), u[0].cells[0].id if u[0].cells else ""))
     load = [0] * count
-    mine: list[tuple[Group, list[Cell]]] = []
-    for grp, cells in pieces:
+    mine: list[Group] = []
+    for unit in pieces:
         target = min(range(count), key=lambda k: (load[k], k))
-        load[target] += len(cells)
+        load[target] += sum(len(g.cells) for g in unit)
         if target == index:
-            mine.append((grp, cells))
+            mine += unit
     order = {g.id: k for k, g in enumerate(groups)}
-    return sorted(mine, key=lambda p: (order[p[0].id], p[1][0]["batch_size"]))
+    return [(g, list(g.cells)) for g in sorted(mine, key=lambda g: order[g.id]) if g.cells]
 
 
 def apply(groups: list[Group], selection: Selection) -> list[tuple[Group, list[Cell]]]:

@@ -57,7 +57,20 @@ def test_shards_cover_every_cell_once_and_keep_engine_loads_whole(loaded):
         assert len(loads) == len(set(loads)) == 3  # no engine load split across shards
     assert apply(groups, Selection(shard=(1, 3))) == apply(groups, Selection(shard=(1, 3)))  # deterministic
     shares = [apply(groups, Selection(shard=(i, 6))) for i in range(6)]
-    assert all(shares) and sum(len(c) for s in shares for _, c in s) == 12  # more shards: loads are split
+    assert sum(len(c) for s in shares for _, c in s) == 12 and sum(map(bool, shares)) == 3  # never split a load
+
+
+def test_batch_invariant_twins_run_in_one_shard(write):
+    write("prompts.yaml", PROMPTS)
+    text = MATRIX.replace("engine: [llamacpp]", "engine: [vllm]").replace("dtype: [auto, f16, f32]",
+                                                                          "dtype: [f32, bf16]\n  batch_invariant: [false, true]")
+    groups = group(expand(load_experiment(write("exp.yaml", text))))
+    assert len(groups) == 4
+    for count in (2, 4, 8):
+        shares = [apply(groups, Selection(shard=(i, count))) for i in range(count)]
+        for share in shares:
+            specs = [(g.spec.dtype, g.spec.batch_invariant) for g, _ in share]
+            assert len(specs) in (0, 2) and len({d for d, _ in specs}) <= 1  # off and on of one dtype together
 
 
 def test_shard_and_cell_arguments_are_checked(loaded):

@@ -196,3 +196,50 @@ def test_an_experiments_rule_on_an_option_it_does_not_sweep_is_refused_at_load(w
                              "  - where: {llamacpp.flash_attn: 'on'}\n    unique_outputs: 1\n")
     with pytest.raises(ConfigError, match=r"exp.yaml:6: expect\[0\].where.llamacpp.flash_attn: unknown axis"):
         load_experiment(path)
+
+
+# -- jobs that ask for what they need ------------------------------------------------------------
+
+
+def test_submitted_jobs_ask_for_a_gpu_and_a_dry_run_writes_nothing(write, tmp_path):
+    from .conftest import run_harness
+
+    write("p.yaml", PROMPTS)
+    write("exp.yaml", "name: jobs\nprompts: p.yaml\nmatrix:\n  model: [m]\n  gpu: ['RTX 4090', any]\n"
+                      "cluster:\n  gpus:\n    any: {partition: cpu}\n")
+    out = tmp_path / "out"
+    for scheduler in ("slurm", "pbs"):
+        dry = run_harness("submit", str(tmp_path / "exp.yaml"), "-s", scheduler, "--out", str(out), "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert not out.exists()  # neither the manifest nor the scripts
+        text = dry.stdout
+        if scheduler == "slurm":
+            assert "#SBATCH --job-name=harness-jobs-RTX_4090\n" in text
+            rtx = text[text.index("RTX_4090"):text.index("harness-jobs-any")]
+            assert "#SBATCH --gres=gpu:1\n" in rtx  # a GPU type asks for one GPU without a cluster entry
+            assert "--gres" not in text[text.index("harness-jobs-any"):]  # 'any' runs anywhere
+        else:
+            assert "#PBS -N h-jobs-RTX_4090\n" in text and ":ngpus=1\n" in text
+
+
+# -- one comparison, one machine -----------------------------------------------------------------
+
+
+def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
+    from harness import metrics
+    from harness.results import open_results
+
+    from .conftest import row_for, synthetic_folder
+
+    folder, cells = synthetic_folder(tmp_path / "out", ["p1"], {"batch_size": [1, 2], "batch_invariant": [False, True]})
+    for cell in cells:  # batch 1 ran on node-a; batch 2 and the batch-invariant twins on node-b
+        host = "node-a" if cell["batch_size"] == 1 and not cell["batch_invariant"] else "node-b"
+        folder.write_cell(cell.id, [row_for(cell, "p1", 0, [1, 2], host=host, gpu_uuid="GPU-" + host,
+                                            target_tokens_per_s=10.0, batch_tokens_per_s=10.0)], "t")
+    results = open_results(folder.root)
+    rows = results.read_rows(metrics.ROW_COLUMNS)
+    with pytest.raises(HarnessError, match=r"host differs between paired rows .* node-b \(GPU-node-b .* node-a"):
+        metrics.summarize(rows, results.tokens_for)
+    metrics.summarize(rows, results.tokens_for, allow_mixed={"host"})  # on purpose
+    with pytest.raises(HarnessError, match="pairing batch-invariant off/on runs: host differs"):
+        metrics.slowdown(rows, allow_mixed={"host"})  # a slowdown never divides two machines' throughputs
