@@ -115,7 +115,8 @@ def _not_run(rule: Expectation, cells: pd.DataFrame, missing: pd.DataFrame) -> l
         ids = list(absent["cell_id"])
         out.append(f"{len(ids)} selected cell(s) never ran (missing: {_listed(ids)}); run them, or set "
                    "allow_missing: true")
-    skipped = cells[cells["n_skipped"].fillna(0) > 0] if rule.status != "skipped" else cells.iloc[0:0]
+    counted = "n_skipped" in cells and rule.status != "skipped"
+    skipped = cells[cells["n_skipped"].fillna(0) > 0] if counted else cells.iloc[0:0]
     if not skipped.empty:
         ids = list(dict.fromkeys(skipped["cell_id"]))
         out.append(f"{len(ids)} selected cell(s) were skipped ({_listed(ids)}: {str(skipped['error'].iloc[0])[:120]}); "
