@@ -62,11 +62,13 @@ def _results(folder: Path, all_cells: bool = False):
     return results
 
 
-def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False):
-    """(per cell and prompt, slowdown, logit probes, answers) from a results folder; each also written as Parquet."""
+def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False,
+               results=None):
+    """(per cell and prompt, slowdown, logit probes, answers) from a results folder (opened here unless
+    `results` is the folder already open); each also written as Parquet."""
     from harness import answer_metrics, metrics
 
-    results = _results(out, all_cells)
+    results = results or _results(out, all_cells)
     mixed = metrics.parse_allow_mixed(allow_mixed)
     ref = metrics.parse_reference(reference or [])
     columns = list(dict.fromkeys(metrics.ROW_COLUMNS + answer_metrics.ANSWER_ROW_COLUMNS))
@@ -538,17 +540,18 @@ def check(
 
     from harness import gate
     from harness.config import load_expectations
-    from harness.results import ResultsFolder, open_results
+    from harness.matrix import expand
 
     rules = load_expectations(expect) if expect is not None else None
-    summary, cost, _, answers = _summaries(results, reference, allow_mixed, all_cells)
+    opened = _results(results, all_cells)
+    summary, cost, _, answers = _summaries(results, reference, allow_mixed, all_cells, opened)
     if rules is None:
-        rules = [r for e in ResultsFolder(results).experiments() for r in e.experiment.expect]
+        rules = [r for e in opened.experiments for r in e.experiment.expect]
         if not rules:
             raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
-    opened = open_results(results, all_cells)
-    on_disk = set(opened.cell_ids)
-    missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for c in opened.folder.current_cells() if c.id not in on_disk])
+    on_disk = set(opened.cell_ids)  # the experiment's cells with no results are missing
+    missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for e in opened.experiments for c in expand(e)
+                            if c.id not in on_disk]).drop_duplicates("cell_id", ignore_index=True)
     verdicts = gate.evaluate(rules, summary, cost, answers, missing if not missing.empty else None)
     table = Table(title=f"{results}: expectations", title_justify="left")
     for col in ("rule", "verdict", "detail"):

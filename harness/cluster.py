@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness.config import Cluster, GpuResources, LoadedExperiment
 from harness.errors import HarnessError
-from harness.matrix import Cell, Group, expand, group
+from harness.matrix import Cell, expand, group
 from harness.selection import Selection, apply, units
 
 SCHEDULERS = ("slurm", "pbs")
@@ -116,11 +116,6 @@ def _pbs_walltime(slurm_time: str) -> str:
     return f"{int(days) * 24 + int(hours)}:{minutes}:{seconds}"
 
 
-def comparison_units(cells: list[Cell]) -> list[list[Group]]:
-    """The units of cells that one task must run together (see harness.selection)."""
-    return units(group(cells))
-
-
 def plan_jobs(loaded: LoadedExperiment, cell_ids: list[str] | None) -> dict[str, list[Cell]]:
     """Cells per GPU type (the value of the gpu axis), after an optional --cells filter."""
     chosen = apply(group(expand(loaded)), Selection(cell_ids=frozenset(cell_ids) if cell_ids else None))
@@ -150,7 +145,7 @@ def render_jobs(loaded: LoadedExperiment, out: Path, scheduler: str, cell_ids: l
     python = cluster.python or sys.executable
     jobs = []
     for gpu, cells in plan_jobs(loaded, cell_ids).items():
-        shards = min(len(comparison_units(cells)), cluster.shards or len(cells))
+        shards = min(len(units(group(cells))), cluster.shards or len(cells))  # see harness.selection
         index = "${SLURM_ARRAY_TASK_ID}" if scheduler == "slurm" else (
             "$((PBS_ARRAY_INDEX - 1))" if shards > 1 else "0")
         command = _command(out, gpu, shards, index, cell_ids, python)

@@ -25,6 +25,8 @@ IN_FORCE: dict[str, str] = {
     "cuda_graphs": "whether CUDA graphs were captured (false: eager mode) (vLLM)",
     "tensor_parallel_size": "GPUs one model was split over (vLLM)",
     "attention_backend": "the attention backend the engine chose (vLLM)",
+    "device_note": "how the engine came to run where it did, for the message of a contradiction",
+    "batch_invariant_note": "why batch_invariant_active is unknown, where it is",
 }
 
 #: the row columns that say what ran (schema 5); `device` is 'cpu' or the GPU's name

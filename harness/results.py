@@ -186,15 +186,14 @@ class ResultsFolder:
             "written_at": datetime.now(timezone.utc).isoformat(),
         }
 
-    def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str, replace_done: bool = False,
-                   parts: Iterable[str] = ()) -> Landing:
+    def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str, replace_done: bool = False) -> Landing:
         """Land a cell's rows, deciding under the manifest lock whether they may replace what is there.
 
         Many tasks of many nodes land into one folder, each having decided what to run when it
         started; the decision that counts is this one, taken when the rows arrive (`landing_rule`).
-        A cell that lands done drops the checkpoints named in `parts` (those its run read or
-        wrote); checkpoints of another task still running the cell are left alone, and a cell
-        that did not land done keeps them for the rerun.
+        Once the cell on disk is done, its checkpoints are worth nothing (another task still
+        running it can only land rows that are refused) and this landing removes them all, those
+        of killed tasks included; a cell that is not done keeps them, for the rerun.
         """
         new = [r["status"] for r in rows]
         with self._locked():
@@ -204,11 +203,13 @@ class ResultsFolder:
             if verdict is None:
                 self.store.write_cell(cell_id, rows)
                 self._record(data, cell_id, new, run_id)
-            done = set(new) <= DONE_STATUSES or set(old) <= DONE_STATUSES and bool(old)
-            dropped = self._forget_parts(data, cell_id, set(parts)) if done else []
+            now = new if verdict is None else old
+            done = bool(now) and set(now) <= DONE_STATUSES
+            dropped = done and data.get("partial", {}).pop(cell_id, None) is not None
             if verdict is None or dropped:
                 self._save(data)
-        self.store.remove_parts(cell_id, dropped)
+        if done:
+            self.store.remove_parts(cell_id)
         return Landing(verdict is None, verdict or "")
 
         # -- checkpoints of a cell still running ------------------------------------------------
@@ -221,51 +222,29 @@ class ResultsFolder:
         def change(data: dict[str, Any]) -> None:
             entry = data.setdefault("partial", {}).setdefault(cell_id, {"parts": [], "rows": 0})
             entry["parts"].append(name)
-            entry.setdefault("counts", {})[name] = len(rows)
             entry["rows"] += len(rows)
             entry["run_id"] = run_id
             entry["updated_at"] = datetime.now(timezone.utc).isoformat()
 
         self._update(change)
 
-    def checkpointed(self, cell_id: str, names: list[str] | None = None) -> list[dict[str, Any]]:
-        """The rows a cell's recorded checkpoints (or those of `names`) hold, in the order they were written."""
-        names = self.checkpoint_names(cell_id) if names is None else names
+    def checkpointed(self, cell_id: str) -> list[dict[str, Any]]:
+        """The rows a cell's recorded checkpoints hold, in the order they were written."""
+        names = self.manifest().get("partial", {}).get(cell_id, {}).get("parts", [])
         return [row for name in names for row in self.store.read_part(cell_id, name)]
 
     def partial(self) -> dict[str, int]:
         """Cells with checkpoints not yet replaced by a done cell file: rows kept so far, by cell id."""
         return {c: int(e.get("rows", 0)) for c, e in self.manifest().get("partial", {}).items()}
 
-    @staticmethod
-    def _forget_parts(data: dict[str, Any], cell_id: str, names: set[str]) -> list[str]:
-        """Remove `names` from a cell's checkpoint entry (the entry goes when it is empty)."""
-        entries = data.get("partial", {})
-        entry = entries.get(cell_id)
-        if entry is None or not names:
-            return []
-        gone = [n for n in entry["parts"] if n in names]
-        entry["parts"] = [n for n in entry["parts"] if n not in names]
-        entry["rows"] = max(0, int(entry.get("rows", 0)) - sum(int(entry.get("counts", {}).pop(n, 0)) for n in gone))
-        if not entry["parts"]:
-            entries.pop(cell_id)
-        return gone
-
-    def checkpoint_names(self, cell_id: str) -> list[str]:
-        """The checkpoint files the manifest names for a cell, in the order they were written."""
-        return list(self.manifest().get("partial", {}).get(cell_id, {}).get("parts", []))
-
     def drop_checkpoints(self, cell_id: str) -> None:
         """Forget a cell's checkpoints (--force redoes the cell from its start)."""
-        names: list[str] = []
 
         def change(data: dict[str, Any]) -> bool:
-            entry = data.get("partial", {}).pop(cell_id, None)
-            names.extend(entry["parts"] if entry else [])
-            return entry is not None
+            return data.get("partial", {}).pop(cell_id, None) is not None
 
         self._update(change)
-        self.store.remove_parts(cell_id, names)
+        self.store.remove_parts(cell_id)
 
     def join(self, other: ResultsFolder, cell_ids: list[str], allow_other_experiment: bool) -> None:
         """Take `other`'s experiments as current too, and its entries for `cell_ids` (merge)."""

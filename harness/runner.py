@@ -68,14 +68,21 @@ class Runner:
         self.adoption = folder.adopt(loaded)
 
     def _account(self, cells: list[Cell], result: RunResult) -> None:
+        """Count the cells this run tried, as they are on disk now; a cell another task landed done
+        meanwhile (this run's rows, if any, were refused) counts as already done."""
+        landed = self.folder.manifest()["cells"]
         for cell in cells:
-            if self.store.cell_path(cell.id).is_file():
-                result.ran.append(cell.id)
-                statuses = self.store.statuses(cell.id)
-                for status in statuses:
-                    result.statuses[status] = result.statuses.get(status, 0) + 1
-                if "failed" in statuses:
-                    result.failed.append(cell.id)
+            if not self.store.cell_path(cell.id).is_file():
+                continue
+            if landed.get(cell.id, {}).get("run_id") != self.run_id and self.store.is_done(cell.id):
+                result.skipped_done.append(cell.id)
+                continue
+            result.ran.append(cell.id)
+            statuses = self.store.statuses(cell.id)
+            for status in statuses:
+                result.statuses[status] = result.statuses.get(status, 0) + 1
+            if "failed" in statuses:
+                result.failed.append(cell.id)
 
     def _land_all(self, cells: list[Cell], rows: RowMaker, status: str, reason: str) -> None:
         per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats

@@ -297,10 +297,11 @@ class Store:
         _refuse_newer(path, table)
         return table.to_pylist()
 
-    def remove_parts(self, cell_id: str, names: Iterable[str]) -> None:
-        """Remove these checkpoint files of a cell; its folder goes when nothing else is in it."""
-        for name in names:
-            (self.part_dir(cell_id) / name).unlink(missing_ok=True)
+    def remove_parts(self, cell_id: str) -> None:
+        """Remove a cell's checkpoint files; its folder goes when nothing else is in it (a part
+        another writer is renaming into place right now is left to it)."""
+        for path in self.part_dir(cell_id).glob("*.parquet"):
+            path.unlink(missing_ok=True)
         for folder in (self.part_dir(cell_id), self.partial_dir):
             try:
                 folder.rmdir()  # the last one out leaves no empty folder

@@ -110,8 +110,8 @@ class GroupRunner:
         #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
         self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
 
-    def _land(self, cell: Cell, rows: list[dict[str, Any]], parts: list[str] = ()) -> None:
-        landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force, parts)
+    def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
+        landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force)
         if not landing.written:
             self.reporter.log(f"cell {cell.id}: {landing.reason}")
 
@@ -167,7 +167,7 @@ class GroupRunner:
         if reason is not None:
             rows = [r | {"status": "failed", "error": reason} for r in rows]
             self.reporter.log(f"cell {cell.id} failed: {reason}")
-        self._land(cell, rows, progress.parts)
+        self._land(cell, rows)
 
     def _cell_rows(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any,
                    progress: CellProgress) -> list[dict[str, Any]]:
@@ -276,7 +276,6 @@ class CellProgress:
 
     Kept rows count only when they were made by the same engine version and model file as this
     load, on the same machine (host, GPU), and ended ok or refused; failed ones run again.
-    `parts` names the checkpoint files this run read or wrote: the ones its landing may remove.
     """
 
     def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any],
@@ -285,8 +284,7 @@ class CellProgress:
 
         self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
         here = engine_cols | (machine or {})
-        self.parts = folder.checkpoint_names(cell_id)
-        self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id, self.parts)
+        self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
                      if r["status"] in DONE_STATUSES and all(r.get(k) == here.get(k) for k in _SAME_MACHINE)}
         self.new: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
@@ -309,9 +307,7 @@ class CellProgress:
 
         keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
         if keep:
-            name = f"{self.run_id}-{self._parts:05d}.parquet"
-            self.folder.checkpoint(self.cell_id, name, keep, self.run_id)
-            self.parts.append(name)
+            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep, self.run_id)
             self._parts += 1
         self._pending = []
         self._last = time.monotonic()

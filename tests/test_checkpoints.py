@@ -125,9 +125,9 @@ def test_checkpoints_are_named_in_the_manifest_and_only_those_count(tmp_path):
 def test_a_done_cell_drops_its_checkpoints_and_a_failed_one_keeps_them(tmp_path):
     folder = ResultsFolder(tmp_path)
     folder.checkpoint("c1", "p0.parquet", [_row("a", 0)], "r1")
-    folder.write_cell("c1", [_row("a", 0), _row("a", 1, "failed")], "r1", parts=["p0.parquet"])
+    folder.write_cell("c1", [_row("a", 0), _row("a", 1, "failed")], "r1")
     assert folder.partial() == {"c1": 1} and len(folder.checkpointed("c1")) == 1
-    folder.write_cell("c1", [_row("a", 0), _row("a", 1)], "r2", parts=folder.checkpoint_names("c1"))
+    folder.write_cell("c1", [_row("a", 0), _row("a", 1)], "r2")
     assert folder.partial() == {} and folder.checkpointed("c1") == []
     assert not (tmp_path / "partial").exists()
 

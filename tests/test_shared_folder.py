@@ -59,15 +59,18 @@ def test_a_done_cell_survives_every_later_landing(tmp_path):
     assert folder.manifest()["cells"]["c"]["run_id"] == "task-a"
 
 
-def test_checkpoints_of_a_cell_another_task_runs_are_left_alone(tmp_path):
+def test_checkpoints_outlive_landings_that_are_not_done_and_go_once_the_cell_is(tmp_path):
     folder = ResultsFolder(tmp_path)
     folder.checkpoint("c", "task-c-00000.parquet", _rows("c", "ok", 1), "task-c")  # task C is running c
+    folder.store.write_part("c", "killed-00000.parquet", _rows("c", "ok", 1))  # a task killed before registering it
+    folder.write_cell("c", _rows("c", "skipped"), "task-b")  # B's node lacked the GPU
     folder.write_cell("c", _rows("c", "failed"), "task-b")  # B's run of it failed
-    folder.write_cell("c", _rows("c", "ok"), "task-a", parts=[])  # A lands it done, having read none
-    assert folder.checkpoint_names("c") == ["task-c-00000.parquet"]
-    assert (folder.store.part_dir("c") / "task-c-00000.parquet").is_file()
-    folder.write_cell("c", _rows("c", "ok"), "task-c", parts=["task-c-00000.parquet"])  # C lands: refused, cleans up
-    assert folder.checkpoint_names("c") == [] and not folder.store.partial_dir.exists()
+    assert folder.partial() == {"c": 1}  # C's checkpoint is kept for C, or for a rerun
+    folder.write_cell("c", _rows("c", "ok"), "task-a")  # A lands it done: no checkpoint of c is worth anything now
+    assert folder.partial() == {} and not folder.store.partial_dir.exists()
+    folder.checkpoint("c", "task-c-00001.parquet", _rows("c", "ok", 1), "task-c")  # C goes on, then lands: refused
+    assert not folder.write_cell("c", _rows("c", "ok"), "task-c").written
+    assert folder.partial() == {} and not folder.store.partial_dir.exists()
 
 
 class _LandsMeanwhile:
@@ -243,3 +246,34 @@ def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
     metrics.summarize(rows, results.tokens_for, allow_mixed={"host"})  # on purpose
     with pytest.raises(HarnessError, match="pairing batch-invariant off/on runs: host differs"):
         metrics.slowdown(rows, allow_mixed={"host"})  # a slowdown never divides two machines' throughputs
+
+
+@needs_llama
+def test_two_harness_runs_into_one_folder_one_killed_lose_and_double_nothing(tmp_path):
+    """Two real `harness run` processes fill one folder; the first is killed -9 once it has landed a cell.
+    The second finishes; every run of every cell is there once, and no checkpoint is left behind."""
+    import json
+
+    import pandas as pd
+
+    path = _experiment(tmp_path, "  model: [smollm2-135m]\n  engine: [llamacpp]\n  batch_size: [1, 2, 3, 4]\n")
+    path.write_text(path.read_text().replace("max_tokens: 4", "max_tokens: 24")
+                    + "engine_options:\n  llamacpp: {n_threads: 1, ignore_eos: true}\n")
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "harness", "run", str(path), "--out", str(out), "--no-summary", "--checkpoint-every", "0"]
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list((out / "cells").glob("*.parquet")):
+        time.sleep(0.1)
+    first.kill()
+    first.wait()
+    told, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, told
+    rows = pd.read_parquet(out / "cells")
+    assert len(rows) == 4 * 2 * 2 and set(rows.status) == {"ok"}  # 4 cells x 2 prompts x 2 repeats
+    assert not rows.duplicated(["cell_id", "prompt_id", "repeat"]).any()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["cells"]) == 4 and not manifest.get("partial") and not (out / "partial").exists()
+    assert "ran" in told and "already done" in told

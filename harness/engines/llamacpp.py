@@ -73,7 +73,7 @@ class LoadLog:
     did, e.g. how many layers it offloaded, is read from llama.cpp itself."""
 
     def __init__(self, ll: Any, echo: bool) -> None:
-        self._ll, self._echo, self.lines = ll, echo, []
+        self._ll, self.lines = ll, []
 
         @ll.llama_log_callback
         def keep(level: int, text: bytes, user_data: Any) -> None:
