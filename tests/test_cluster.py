@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -245,3 +247,59 @@ def test_real_slurm_array_matches_local_run_and_resumes_after_requeue(write, tmp
     a = remote.sort_values(key).set_index(key).token_ids.map(list)
     b = local.sort_values(key).set_index(key).token_ids.map(list)
     assert a.to_dict() == b.to_dict()  # token for token
+
+
+COMPARED = """
+name: compared
+prompts: prompts.yaml
+repeats: 1
+max_tokens: 8
+matrix:
+  model: [smollm2-135m]
+  engine: [llamacpp]
+  dtype: [auto, f32]
+  batch_size: [1, 2, 4, 8]
+  gpu: [cpu]
+cluster: {time: "00:20:00", mem: 2G, cpus: CPUS, shards: 4}
+engine_options:
+  llamacpp: {n_threads: 1}
+expect:
+  - unique_outputs: 1
+"""
+
+
+@needs_llama
+@pytest.mark.skipif(not _slurm_ready(), reason="no SLURM here (scripts/ci/slurm-up.sh starts one)")
+def test_real_slurm_keeps_every_comparison_in_one_task_and_check_sees_a_cancelled_one(write, tmp_path):
+    """Batch sizes 1/2/4/8 and two engine loads (Q4_1, F32), 4 shards asked: each array task runs whole
+    loads, so every run and its batch-1 reference come from one task. A second submission, one of whose
+    tasks is cancelled before it starts, fails `harness check`, naming the cells that never ran."""
+    import pandas as pd
+
+    write("prompts.yaml", PROMPTS)
+    write("exp.yaml", COMPARED.replace("CPUS", "1"))
+    sub = run_harness("submit", "exp.yaml", "--scheduler", "slurm", "--out", "all", cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    assert "2 array task(s)" in sub.stdout  # 4 asked, 2 units of comparison: no more tasks than that
+    _wait_for(_job_id(sub.stdout))
+    rows = Store(tmp_path / "all").read_rows()
+    assert len(rows) == 8 * 2 and set(rows.status) == {"ok"}
+    task_of = rows.drop_duplicates("cell_id").set_index("cell_id").job_array_index
+    reference = {(r.dtype, r.prompt_id): r.cell_id for r in rows[rows.batch_size == 1].itertuples()}
+    for r in rows.itertuples():
+        ref = reference[(r.dtype, r.prompt_id)]
+        assert task_of[r.cell_id] == task_of[ref], f"{r.cell_id} ran in task {task_of[r.cell_id]}, its reference in {task_of[ref]}"
+    assert set(task_of) == {"0", "1"}
+    assert run_harness("check", "all", cwd=tmp_path).returncode == 0
+
+    # one task at a time (each asks for both CPUs): the second is cancelled while it waits
+    write("exp.yaml", COMPARED.replace("CPUS", "2"))
+    sub = run_harness("submit", "exp.yaml", "--scheduler", "slurm", "--out", "cut", cwd=tmp_path)
+    job = _job_id(sub.stdout)
+    assert subprocess.run(["scancel", f"{job}_1"]).returncode == 0
+    _wait_for(job)
+    ran = pd.read_parquet(tmp_path / "cut" / "cells")
+    assert ran.cell_id.nunique() == 4 and set(ran.job_array_index) == {"0"}
+    check = subprocess.run([sys.executable, "-m", "harness", "check", "cut"], cwd=tmp_path, capture_output=True,
+                           text=True, env={**os.environ, "COLUMNS": "400"})  # one verdict a line
+    assert check.returncode == 1 and "4 selected cell(s) never ran" in check.stdout, check.stdout
