@@ -54,9 +54,10 @@ def fingerprint(loaded: LoadedExperiment) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-#: what a cell's rows weigh when they land: a done cell outweighs a failed one, which outweighs
-#: a skipped one (the GPU type was not on that node); a cell's weight is its lightest row's
-_WEIGHT = {"ok": 2, "unsupported": 2, "failed": 1, "skipped": 0}
+def _weight(statuses: list[str]) -> int:
+    """What a cell's rows weigh when they land: done (2) outweighs failed (1), which outweighs
+    skipped (0: the GPU type was not on that node); a cell weighs what its lightest row does."""
+    return min(2 if s in DONE_STATUSES else 0 if s == "skipped" else 1 for s in statuses)
 
 
 def landing_rule(old: list[str], new: list[str], replace_done: bool = False) -> str | None:
@@ -69,8 +70,8 @@ def landing_rule(old: list[str], new: list[str], replace_done: bool = False) -> 
     """
     if not old:
         return None
-    before = min(_WEIGHT.get(s, 1) for s in old)
-    after = min(_WEIGHT.get(s, 1) for s in new) if new else -1
+    before = _weight(old)
+    after = _weight(new) if new else -1
     if after > before or (after == before == 1) or (after == before == 2 and replace_done):
         return None
     have = "done" if before == 2 else "failed" if before == 1 else "skipped"
@@ -212,7 +213,7 @@ class ResultsFolder:
             self.store.remove_parts(cell_id)
         return Landing(verdict is None, verdict or "")
 
-        # -- checkpoints of a cell still running ------------------------------------------------
+    # -- checkpoints of a cell still running ------------------------------------------------
 
     def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]], run_id: str) -> None:
         """Keep rows of finished batches of a running cell: the part file first, then the manifest

@@ -23,7 +23,7 @@ from harness.results import ResultsFolder, landing_rule
 from harness.matrix import expand
 from harness.runner import Runner
 
-from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
+from .conftest import PROMPTS, needs_llama
 
 
 @pytest.mark.parametrize("old, new, force, written", [
