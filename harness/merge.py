@@ -41,7 +41,7 @@ def merge_folders(sources: list[Path], out: Path, allow_other_experiment: bool) 
     folders = [ResultsFolder(s) for s in sources]
     chosen = _plan(folders, target)
     for folder in folders:  # refuses different experiments before any cell is copied
-        target.join(folder, [], allow_other_experiment)
+        target.join(folder, allow_other_experiment)
     copied = 0
     for cell_id, folder in chosen.items():
         if folder is target:
@@ -51,6 +51,4 @@ def merge_folders(sources: list[Path], out: Path, allow_other_experiment: bool) 
             continue
         target.store.atomic_write(dest, lambda tmp, src=source: shutil.copy2(src, tmp))
         copied += 1
-    for folder in folders:
-        target.join(folder, [c for c, f in chosen.items() if f is folder], allow_other_experiment)
     return copied, len(chosen) - copied

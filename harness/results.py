@@ -6,17 +6,20 @@ earlier version of the experiment (another prompt text, another max_tokens, ...)
 as *stale* and are read only when asked (`all_cells=True`). The experiment a reader uses is
 the snapshot kept in the manifest, never the live YAML file, which may have changed since.
 
-`manifest.json`:
+`manifest.json` says which experiment fills the folder; it changes only when that does:
     format, manifest_version, schema_version (of the rows),
     experiments: [{fingerprint, name, source, base, adopted_at, snapshot}]   # current ones
-    cells: {cell_id: {experiment, statuses, run_id, writer, written_at}}     # as they landed
-    partial: {cell_id: {parts: [file names], rows, run_id, updated_at}}      # checkpoints of cells
-                                                                             # not yet landed
 
-Updates are read-modify-write under an exclusive lock (`.manifest.lock`, created exclusively:
-harness.folder_lock, which works on NFS and Lustre) and land by an atomic rename, so array
-tasks of many nodes writing into one shared folder never lose each other's entries. Whether a
-cell's rows may replace what is there is decided under that lock, when they land
+What a landing or a checkpoint records travels with its own file, so that the many array tasks of
+a cluster writing into one folder never rewrite a shared file per cell: a cell file's metadata says
+who landed it, when and for which run (`Store.landing`), and a running cell's checkpoints are the
+part files under `partial/<cell_id>/`, each renamed into place whole. Landing one cell costs the same
+in a folder of ten cells and of ten thousand (scripts/bench_landing.py).
+
+Manifest updates are read-modify-write under an exclusive lock (`.manifest.lock`); a cell lands
+under a lock of its own (`cells/.<cell_id>.lock`). Both are created exclusively
+(harness.folder_lock, which works on NFS and Lustre), and files land by an atomic rename. Whether a
+cell's rows may replace what is there is decided under the cell's lock, when they land
 (`landing_rule`): a finished cell is never replaced by rows that are not.
 """
 
@@ -45,7 +48,8 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "determinism-harness results"
-MANIFEST_VERSION = 1
+#: 2: landings and checkpoints left the manifest for their own files (an older harness refuses it)
+MANIFEST_VERSION = 2
 
 
 def fingerprint(loaded: LoadedExperiment) -> str:
@@ -118,7 +122,7 @@ class ResultsFolder:
         """The manifest, checked: a newer format or row schema is refused, naming what wrote it."""
         if not self.has_manifest():
             return {"format": MANIFEST_FORMAT, "manifest_version": MANIFEST_VERSION,
-                    "schema_version": SCHEMA_VERSION, "experiments": [], "cells": {}}
+                    "schema_version": SCHEMA_VERSION, "experiments": []}
         try:
             data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
         except ValueError as exc:
@@ -144,6 +148,9 @@ class ResultsFolder:
 
     def _save(self, data: dict[str, Any]) -> None:
         """Write the manifest (the caller holds the lock)."""
+        for moved in ("cells", "partial"):  # version 1 kept these here; the files now carry them
+            data.pop(moved, None)
+        data["manifest_version"] = MANIFEST_VERSION
         data["schema_version"] = max(int(data.get("schema_version", 0)), SCHEMA_VERSION)
         data["harness_version"] = harness.__version__
         self.store.write_meta(MANIFEST, json.dumps(data, indent=1, sort_keys=True))
@@ -176,10 +183,10 @@ class ResultsFolder:
             self.store.write_meta("experiment.yaml", _as_yaml(loaded.snapshot))
         return Adoption(replaced, self.stale_ids() if replaced else [])
 
-    @staticmethod
-    def _record(data: dict[str, Any], cell_id: str, statuses: Iterable[str], run_id: str) -> None:
-        current = [e["fingerprint"] for e in data["experiments"]]
-        data["cells"][cell_id] = {
+    def _landing(self, statuses: Iterable[str], run_id: str) -> dict[str, Any]:
+        """The record a landing writes into the cell file: the run, the writer, the experiment."""
+        current = [e["fingerprint"] for e in self.manifest()["experiments"]]
+        return {
             "experiment": current[0] if len(current) == 1 else current,
             "statuses": dict(Counter(statuses)),
             "run_id": run_id,
@@ -187,8 +194,12 @@ class ResultsFolder:
             "written_at": datetime.now(timezone.utc).isoformat(),
         }
 
+    def landed(self, cell_id: str) -> dict[str, Any]:
+        """How the cell on disk landed (run_id, writer, written_at, statuses); empty when it is absent."""
+        return self.store.landing(cell_id)
+
     def write_cell(self, cell_id: str, rows: list[dict[str, Any]], run_id: str, replace_done: bool = False) -> Landing:
-        """Land a cell's rows, deciding under the manifest lock whether they may replace what is there.
+        """Land a cell's rows, deciding under the cell's lock whether they may replace what is there.
 
         Many tasks of many nodes land into one folder, each having decided what to run when it
         started; the decision that counts is this one, taken when the rows arrive (`landing_rule`).
@@ -197,58 +208,38 @@ class ResultsFolder:
         of killed tasks included; a cell that is not done keeps them, for the rerun.
         """
         new = [r["status"] for r in rows]
-        with self._locked():
-            data = self.manifest()
+        record = self._landing(new, run_id)
+        self.store.cells_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(self.store.cells_dir / f".{cell_id}.lock"):
             old = self.store.statuses(cell_id)
             verdict = landing_rule(old, new, replace_done)
             if verdict is None:
-                self.store.write_cell(cell_id, rows)
-                self._record(data, cell_id, new, run_id)
-            now = new if verdict is None else old
-            done = bool(now) and set(now) <= DONE_STATUSES
-            dropped = done and data.get("partial", {}).pop(cell_id, None) is not None
-            if verdict is None or dropped:
-                self._save(data)
-        if done:
+                self.store.write_cell(cell_id, rows, record)
+        now = new if verdict is None else old
+        if now and set(now) <= DONE_STATUSES:
             self.store.remove_parts(cell_id)
         return Landing(verdict is None, verdict or "")
 
     # -- checkpoints of a cell still running ------------------------------------------------
 
-    def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]], run_id: str) -> None:
-        """Keep rows of finished batches of a running cell: the part file first, then the manifest
-        entry that makes it count (a part the manifest does not name is never read)."""
+    def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]]) -> None:
+        """Keep rows of finished batches of a running cell, as one part file renamed into place."""
         self.store.write_part(cell_id, name, rows)
 
-        def change(data: dict[str, Any]) -> None:
-            entry = data.setdefault("partial", {}).setdefault(cell_id, {"parts": [], "rows": 0})
-            entry["parts"].append(name)
-            entry["rows"] += len(rows)
-            entry["run_id"] = run_id
-            entry["updated_at"] = datetime.now(timezone.utc).isoformat()
-
-        self._update(change)
-
     def checkpointed(self, cell_id: str) -> list[dict[str, Any]]:
-        """The rows a cell's recorded checkpoints hold, in the order they were written."""
-        names = self.manifest().get("partial", {}).get(cell_id, {}).get("parts", [])
-        return [row for name in names for row in self.store.read_part(cell_id, name)]
+        """The rows a cell's checkpoints hold, in the order they were written."""
+        return [row for name in self.store.parts(cell_id) for row in self.store.read_part(cell_id, name)]
 
     def partial(self) -> dict[str, int]:
         """Cells with checkpoints not yet replaced by a done cell file: rows kept so far, by cell id."""
-        return {c: int(e.get("rows", 0)) for c, e in self.manifest().get("partial", {}).items()}
+        return self.store.part_rows()
 
     def drop_checkpoints(self, cell_id: str) -> None:
         """Forget a cell's checkpoints (--force redoes the cell from its start)."""
-
-        def change(data: dict[str, Any]) -> bool:
-            return data.get("partial", {}).pop(cell_id, None) is not None
-
-        self._update(change)
         self.store.remove_parts(cell_id)
 
-    def join(self, other: ResultsFolder, cell_ids: list[str], allow_other_experiment: bool) -> None:
-        """Take `other`'s experiments as current too, and its entries for `cell_ids` (merge)."""
+    def join(self, other: ResultsFolder, allow_other_experiment: bool) -> None:
+        """Take `other`'s experiments as current too (merge; the cell files carry their own records)."""
         theirs = other.manifest()
 
         def change(data: dict[str, Any]) -> None:
@@ -261,9 +252,6 @@ class ResultsFolder:
                     "merge them only on purpose, with --allow-mixed experiment"
                 )
             data["experiments"] += new
-            for cell_id in cell_ids:
-                if cell_id in theirs["cells"]:
-                    data["cells"][cell_id] = theirs["cells"][cell_id]
 
         self._update(change)
 

@@ -70,11 +70,10 @@ class Runner:
     def _account(self, cells: list[Cell], result: RunResult) -> None:
         """Count the cells this run tried, as they are on disk now; a cell another task landed done
         meanwhile (this run's rows, if any, were refused) counts as already done."""
-        landed = self.folder.manifest()["cells"]
         for cell in cells:
             if not self.store.cell_path(cell.id).is_file():
                 continue
-            if landed.get(cell.id, {}).get("run_id") != self.run_id and self.store.is_done(cell.id):
+            if not self._landed_here(cell) and self.store.is_done(cell.id):
                 result.skipped_done.append(cell.id)
                 continue
             result.ran.append(cell.id)
@@ -83,6 +82,10 @@ class Runner:
                 result.statuses[status] = result.statuses.get(status, 0) + 1
             if "failed" in statuses:
                 result.failed.append(cell.id)
+
+    def _landed_here(self, cell: Cell) -> bool:
+        """Whether the cell on disk was landed by this run (its file's landing record says so)."""
+        return self.folder.landed(cell.id).get("run_id") == self.run_id
 
     def _land_all(self, cells: list[Cell], rows: RowMaker, status: str, reason: str) -> None:
         per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats
@@ -107,9 +110,7 @@ class Runner:
                           checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus))
         env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
-        landed = self.folder.manifest()["cells"]  # the cells this run's worker landed say so
-        missing = [c for c in cells if landed.get(c.id, {}).get("run_id") != self.run_id
-                   and (force or not self.store.is_done(c.id))]
+        missing = [c for c in cells if not self._landed_here(c) and (force or not self.store.is_done(c.id))]
         if missing and outcome.cause == "":
             outcome.cause = "engine worker ended without writing these cells"
         self._land_all(missing, rows, "failed", outcome.cause)

@@ -140,6 +140,9 @@ WHERE_MADE = ("model_sha256", "engine_version", "device", "device_uuid", "backen
               "gpu_compute_cap", "cuda_version", "library_versions", "python_version", "harness_version",
               "git_commit", "engine_info", "env", "job_id", "job_array_index")
 
+#: the key of a cell file's metadata that records its landing (run_id, writer, written_at, statuses)
+LANDING_KEY = b"harness.landing"
+
 STATUSES = ("ok", "failed", "unsupported", "skipped")
 #: statuses a rerun does not redo: the run happened, or the engine's declared rules refuse it
 DONE_STATUSES = frozenset({"ok", "unsupported"})
@@ -160,6 +163,13 @@ def _refuse_newer(path: Path, table: pa.Table) -> None:
             f"({', '.join(writers) or 'version not recorded'}); this harness ({harness.__version__}) reads up to "
             f"version {SCHEMA_VERSION}: upgrade it to read these results"
         )
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def writer_tag() -> str:
@@ -263,11 +273,21 @@ class Store:
         os.replace(tmp, path)
         return path
 
-    def write_cell(self, cell_id: str, rows: list[dict[str, Any]]) -> Path:
-        """Write all rows of a cell at once: a reader sees the whole cell or none of it."""
-        return self._write_rows(self.cell_path(cell_id), rows)
+    def write_cell(self, cell_id: str, rows: list[dict[str, Any]], landing: dict[str, Any] | None = None) -> Path:
+        """Write all rows of a cell at once: a reader sees the whole cell or none of it. `landing`
+        (who landed it, when, for which run) is kept in the file's own metadata."""
+        return self._write_rows(self.cell_path(cell_id), rows, landing)
 
-    def _write_rows(self, path: Path, rows: list[dict[str, Any]]) -> Path:
+    def landing(self, cell_id: str) -> dict[str, Any]:
+        """The landing record a cell file carries (empty: no file, or one written before records)."""
+        try:
+            meta = pq.read_schema(self.cell_path(cell_id)).metadata or {}
+        except (pa.ArrowInvalid, OSError):
+            return {}
+        raw = meta.get(LANDING_KEY)
+        return json.loads(raw) if raw else {}
+
+    def _write_rows(self, path: Path, rows: list[dict[str, Any]], landing: dict[str, Any] | None = None) -> Path:
         """Rows in the row schema, atomically. Swept engine options ('ENGINE.OPTION' keys) are
         setting columns of their own, as text."""
         swept = sorted({k for r in rows for k in r if "." in k and k not in ROW_SCHEMA.names})
@@ -275,6 +295,8 @@ class Store:
         for name in swept:
             schema = schema.append(pa.field(name, pa.string()))
         rows = [r | {k: None if r.get(k) is None else str(r[k]) for k in swept} for r in rows] if swept else rows
+        if landing is not None:
+            schema = schema.with_metadata({LANDING_KEY: json.dumps(landing, sort_keys=True)})
         table = pa.Table.from_pylist(rows, schema=schema)
         return self.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
@@ -286,6 +308,22 @@ class Store:
     def write_part(self, cell_id: str, name: str, rows: list[dict[str, Any]]) -> Path:
         """One checkpoint of a cell: rows of batches that finished since the last one (atomic)."""
         return self._write_rows(self.part_dir(cell_id) / name, rows)
+
+    def parts(self, cell_id: str) -> list[str]:
+        """A cell's checkpoint files, oldest first (each was renamed into place whole)."""
+        found = self.part_dir(cell_id).glob("*.parquet")
+        return [p.name for p in sorted(found, key=lambda p: (_mtime(p), p.name))]
+
+    def part_rows(self) -> dict[str, int]:
+        """Rows held in checkpoints, by cell id, read from the files' footers."""
+        out: dict[str, int] = {}
+        for folder in sorted(self.partial_dir.iterdir()) if self.partial_dir.is_dir() else []:
+            for path in folder.glob("*.parquet"):
+                try:
+                    out[folder.name] = out.get(folder.name, 0) + pq.read_metadata(path).num_rows
+                except (pa.ArrowInvalid, OSError):
+                    continue  # removed meanwhile, by the task that landed the cell
+        return out
 
     def read_part(self, cell_id: str, name: str) -> list[dict[str, Any]]:
         """A checkpoint's rows as written; empty when the file is gone or unreadable."""

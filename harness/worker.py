@@ -307,7 +307,7 @@ class CellProgress:
 
         keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
         if keep:
-            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep, self.run_id)
+            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep)
             self._parts += 1
         self._pending = []
         self._last = time.monotonic()

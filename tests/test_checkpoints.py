@@ -112,19 +112,27 @@ def _row(prompt: str, repeat: int, status: str = "ok") -> dict:
             "model_sha256": "m", "token_ids": [1, 2, repeat]}
 
 
-def test_checkpoints_are_named_in_the_manifest_and_only_those_count(tmp_path):
+def test_checkpoints_are_whole_part_files_in_write_order_and_never_touch_the_manifest(tmp_path):
+    """At 1000 array tasks, a shared file rewritten per checkpoint or landing is the bottleneck:
+    checkpoints and landings write files of their own, the manifest stays as adopt wrote it."""
     folder = ResultsFolder(tmp_path)
-    folder.checkpoint("c1", "r1-00000.parquet", [_row("a", 0), _row("a", 1)], "r1")
-    folder.checkpoint("c1", "r1-00001.parquet", [_row("a", 2)], "r1")
-    folder.store.write_part("c1", "orphan.parquet", [_row("a", 3)])  # killed before its manifest entry
+    folder.store.write_meta("manifest.json", json.dumps(folder.manifest()))
+    before = (folder.manifest_path.read_bytes(), folder.manifest_path.stat().st_mtime_ns)
+    folder.checkpoint("c1", "r1-00000.parquet", [_row("a", 0), _row("a", 1)])
+    time.sleep(0.01)
+    folder.checkpoint("c1", "r1-00001.parquet", [_row("a", 2)])
+    (folder.store.part_dir("c1") / ".r1-00002.parquet.host.1.tmp").write_bytes(b"PAR1 half")  # a write cut short
     assert folder.partial() == {"c1": 3}
     assert [(r["prompt_id"], r["repeat"]) for r in folder.checkpointed("c1")] == [("a", 0), ("a", 1), ("a", 2)]
     assert not folder.store.cell_files()  # readers never see a partial cell
+    assert folder.write_cell("c2", [_row("a", 0)], "r1").written
+    assert folder.landed("c2")["run_id"] == "r1" and folder.landed("c1") == {}
+    assert (folder.manifest_path.read_bytes(), folder.manifest_path.stat().st_mtime_ns) == before
 
 
 def test_a_done_cell_drops_its_checkpoints_and_a_failed_one_keeps_them(tmp_path):
     folder = ResultsFolder(tmp_path)
-    folder.checkpoint("c1", "p0.parquet", [_row("a", 0)], "r1")
+    folder.checkpoint("c1", "p0.parquet", [_row("a", 0)])
     folder.write_cell("c1", [_row("a", 0), _row("a", 1, "failed")], "r1")
     assert folder.partial() == {"c1": 1} and len(folder.checkpointed("c1")) == 1
     folder.write_cell("c1", [_row("a", 0), _row("a", 1)], "r2")
@@ -170,7 +178,7 @@ def test_sigkill_mid_cell_resumes_inside_it_and_rows_equal_an_uninterrupted_run(
     deadline = time.monotonic() + 300
     kept = 0
     while time.monotonic() < deadline and proc.poll() is None:
-        kept = sum(e.get("rows", 0) for e in _manifest(tmp_path / "killed").get("partial", {}).values())
+        kept = sum(Store(tmp_path / "killed").part_rows().values())
         if kept >= 4:
             break
         time.sleep(0.05)
@@ -180,7 +188,7 @@ def test_sigkill_mid_cell_resumes_inside_it_and_rows_equal_an_uninterrupted_run(
     time.sleep(1.5)  # the worker's parent watch ends it within its poll
     killed = tmp_path / "killed"
     assert not Store(killed).cell_files(), "the cell must not land before it is complete"
-    checkpointed = sum(e["rows"] for e in _manifest(killed)["partial"].values())
+    checkpointed = sum(Store(killed).part_rows().values())
     assert 4 <= checkpointed < 20
 
     status = run_harness("status", "killed", cwd=tmp_path)
@@ -200,4 +208,4 @@ def test_sigkill_mid_cell_resumes_inside_it_and_rows_equal_an_uninterrupted_run(
     assert [list(x) for x in mine.token_ids] == [list(x) for x in theirs.token_ids]
     runs = rows.groupby("run_id").size()  # run ids sort by start time: the killed run's first
     assert len(runs) == 2 and runs.iloc[0] == checkpointed  # its batches were kept, not redone
-    assert _manifest(killed).get("partial") == {} and not (killed / "partial").exists()
+    assert Store(killed).part_rows() == {} and not (killed / "partial").exists()

@@ -56,19 +56,19 @@ def test_a_done_cell_survives_every_later_landing(tmp_path):
         landing = folder.write_cell("c", _rows("c", status), "task-b")
         assert not landing.written and "kept the done cell" in landing.reason
     assert folder.store.statuses("c") == ["ok", "ok"]
-    assert folder.manifest()["cells"]["c"]["run_id"] == "task-a"
+    assert folder.landed("c")["run_id"] == "task-a"
 
 
 def test_checkpoints_outlive_landings_that_are_not_done_and_go_once_the_cell_is(tmp_path):
     folder = ResultsFolder(tmp_path)
-    folder.checkpoint("c", "task-c-00000.parquet", _rows("c", "ok", 1), "task-c")  # task C is running c
-    folder.store.write_part("c", "killed-00000.parquet", _rows("c", "ok", 1))  # a task killed before registering it
+    folder.checkpoint("c", "task-c-00000.parquet", _rows("c", "ok", 1))  # task C is running c
+    folder.store.write_part("c", "killed-00000.parquet", _rows("c", "ok", 1))  # a task killed since
     folder.write_cell("c", _rows("c", "skipped"), "task-b")  # B's node lacked the GPU
     folder.write_cell("c", _rows("c", "failed"), "task-b")  # B's run of it failed
-    assert folder.partial() == {"c": 1}  # C's checkpoint is kept for C, or for a rerun
+    assert folder.partial() == {"c": 2}  # C's checkpoint and the killed task's are kept, for a rerun
     folder.write_cell("c", _rows("c", "ok"), "task-a")  # A lands it done: no checkpoint of c is worth anything now
     assert folder.partial() == {} and not folder.store.partial_dir.exists()
-    folder.checkpoint("c", "task-c-00001.parquet", _rows("c", "ok", 1), "task-c")  # C goes on, then lands: refused
+    folder.checkpoint("c", "task-c-00001.parquet", _rows("c", "ok", 1))  # C goes on, then lands: refused
     assert not folder.write_cell("c", _rows("c", "ok"), "task-c").written
     assert folder.partial() == {} and not folder.store.partial_dir.exists()
 
@@ -105,7 +105,7 @@ def test_skipped_rows_never_land_over_a_cell_another_node_finished(tmp_path, mon
     runner.reporter = _LandsMeanwhile(folder, cell_id, "ok")
     runner.run()
     assert set(folder.store.statuses(cell_id)) == {"ok"}
-    assert folder.manifest()["cells"][cell_id]["run_id"] == "other-task"
+    assert folder.landed(cell_id)["run_id"] == "other-task"
 
 
 @needs_llama
@@ -118,7 +118,7 @@ def test_a_failed_run_never_lands_over_a_done_cell_even_when_forced(tmp_path):
     reporter = _LandsMeanwhile(folder, cell_id, "ok")
     Runner(loaded, folder, reporter).run(force=True)
     assert set(folder.store.statuses(cell_id)) == {"ok"}
-    assert folder.manifest()["cells"][cell_id]["run_id"] == "earlier-task"
+    assert folder.landed(cell_id)["run_id"] == "earlier-task"
     assert any("kept the done cell" in m for m in reporter.logs), reporter.logs
 
 
@@ -252,7 +252,6 @@ def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
 def test_two_harness_runs_into_one_folder_one_killed_lose_and_double_nothing(tmp_path):
     """Two real `harness run` processes fill one folder; the first is killed -9 once it has landed a cell.
     The second finishes; every run of every cell is there once, and no checkpoint is left behind."""
-    import json
 
     import pandas as pd
 
@@ -274,6 +273,7 @@ def test_two_harness_runs_into_one_folder_one_killed_lose_and_double_nothing(tmp
     rows = pd.read_parquet(out / "cells")
     assert len(rows) == 4 * 2 * 2 and set(rows.status) == {"ok"}  # 4 cells x 2 prompts x 2 repeats
     assert not rows.duplicated(["cell_id", "prompt_id", "repeat"]).any()
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert len(manifest["cells"]) == 4 and not manifest.get("partial") and not (out / "partial").exists()
+    landed = [ResultsFolder(out).landed(c) for c in rows.cell_id.unique()]
+    assert len({r["run_id"] for r in landed}) >= 1 and all(r["statuses"] == {"ok": 4} for r in landed)
+    assert not (out / "partial").exists()
     assert "ran" in told and "already done" in told
