@@ -277,6 +277,10 @@ class Experiment(Strict):
     unseeded_fillers: bool = Field(
         default=False, description="send the fillers of a batch without a seed (T > 0: does the target's seed hold?)"
     )
+    seed_control: bool = Field(
+        default=False, description="at temperature > 0, check before each cell that its seed takes effect (the "
+        "same seed twice agrees, other seeds differ, alone and among batch-mates); a cell whose engine ignores "
+        "or shares the seed is 'unsupported' with the reason instead of measured")
     batch_fill: Literal["fillers", "copies"] = Field(
         default="fillers", description="fillers: one measured target per batch among seeded fillers; copies: "
         "every member of a batch is the same prompt with the same seed, and each is a measured run "
@@ -490,6 +494,10 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
                               f"{', '.join(CONDITIONS)}")
     experiment = experiment.model_copy(update={"expect": rules})
 
+    sampled = experiment.matrix.temperature + [e["temperature"] for e in include if "temperature" in e]
+    if experiment.seed_control and max(sampled) <= 0:
+        raise ConfigError(f"{source.where(('seed_control',))}: seed_control: true checks seeds at temperature > 0, "
+                          "and every temperature of this matrix is 0 (greedy decoding uses no seed)")
     largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
     if experiment.batch_fill == "copies":
         clash = [k for k in ("probe_logits", "probe_prefill", "unseeded_fillers") if getattr(experiment, k)]

@@ -106,7 +106,7 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
         "filler_seed": exp.filler_seed,
         "prompts": loaded.prompt_set.fingerprint(),
     }
-    for flag in ("probe_logits", "probe_prefill", "unseeded_fillers"):
+    for flag in ("probe_logits", "probe_prefill", "unseeded_fillers", "seed_control"):
         if getattr(exp, flag):  # only when on, so that ids of existing results stay valid
             common[flag] = True
     if exp.batch_fill != "fillers":

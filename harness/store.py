@@ -22,10 +22,11 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: 2 added token_texts and the probe_* columns; 3 the answer_* columns; 4 the prefix_cache,
 #: context_tokens, prefill_chunk and kv_cache_dtype axes, cached_tokens, context_tokens_used,
 #: logprobs_hash and the prefill_probe_* columns; 5 what ran (harness.enforced: device, backend,
-#: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend).
+#: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend);
+#: 6 seed_check (the seed control's verdict).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: The row contract (README "Rows"). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -86,6 +87,8 @@ ROW_SCHEMA = pa.schema(
         ("cuda_graphs", pa.bool_()),
         ("tensor_parallel_size", pa.int32()),
         ("attention_backend", pa.string()),
+        # the seed control's verdict (harness.seed_control; empty: not asked for, or greedy)
+        ("seed_check", pa.string()),
         # answers (prompts that give an answer and/or a parse rule)
         ("answer_parsed", pa.string()),
         ("answer_expected", pa.string()),

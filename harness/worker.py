@@ -109,6 +109,8 @@ class GroupRunner:
         self.rows = RowMaker(self.loaded, order.run_id, prov)
         #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
         self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
+        #: seed-control verdicts of this load, by the sampling, batch-mates and cache mode they tested
+        self._seed_checks: dict[tuple[Any, ...], Any] = {}
 
     def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
         landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force)
@@ -157,13 +159,51 @@ class GroupRunner:
         cols = enforced.columns(state, list(self.order.gpus))
         return cols, enforced.contradiction(engine.name, cell["gpu"], cell["batch_invariant"], state, cols)
 
+    def _seed_check(self, engine: Any, cell: Cell) -> Any:
+        """The seed control's verdict for this cell (harness.seed_control), or None where it does not
+        apply (not asked for, greedy) or could not run (the cell's own runs then record why)."""
+        from harness import seed_control
+        from harness.context import with_context
+        from harness.engines.base import Unsupported
+
+        if not self.exp.seed_control or cell["temperature"] <= 0:
+            return None
+        sampling = cell.sampling(self.exp.max_tokens)
+        key = (sampling, min(cell["batch_size"], seed_control.MATES), cell["prefix_cache"], cell["context_tokens"])
+        if key not in self._seed_checks:
+            def generate(texts: list[str], target: int, s: Any, members: bool) -> Any:
+                return engine.generate(texts, target, s, cache=cell["prefix_cache"], members=members)
+
+            try:
+                context = self._context(engine, cell)[0]
+                texts = [with_context(context, p.text) for p in self.loaded.prompt_set.prompts]
+                self._seed_checks[key] = seed_control.check(generate, texts, sampling, cell["batch_size"])
+            except Unsupported:
+                self._seed_checks[key] = None
+            except Exception as exc:  # noqa: BLE001 - the cell's own runs record what goes wrong
+                self.reporter.log(f"cell {cell.id}: the seed control could not run ({exc})")
+                return None
+        return self._seed_checks[key]
+
     def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> None:
-        """Run one cell and land it, with what ran beside what was asked; a contradiction fails it."""
+        """Run one cell and land it, with what ran beside what was asked; a contradiction fails it,
+        a seed that does not take effect (seed control on) refuses it."""
+        check = self._seed_check(engine, cell)
+        seeded = {"seed_check": None if check is None else check.column}
+        if check is not None and check.fails:
+            reason = (f"asked seed {cell['seed']} at temperature {cell['temperature']}; {engine.name}: {check.text} "
+                      "(seed control)")
+            ran, _ = self._what_ran(engine, cell)
+            self.reporter.log(f"cell {cell.id} unsupported: {reason}")
+            self._land(cell, [r | engine_cols | ran | seeded
+                              for r in self.rows.status_rows(cell, "unsupported", reason)])
+            self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
+            return
         progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols,
                                 self.rows.prov)
         rows = self._cell_rows(engine, cell, engine_cols, probes, progress)
         ran, reason = self._what_ran(engine, cell)  # after the cell: a server engine starts its server late
-        rows = [r | ran for r in rows]
+        rows = [r | ran | seeded for r in rows]
         if reason is not None:
             rows = [r | {"status": "failed", "error": reason} for r in rows]
             self.reporter.log(f"cell {cell.id} failed: {reason}")

@@ -1,0 +1,59 @@
+"""A stand-in for an OpenAI-compatible endpoint that ignores `seed` (as SGLang's do, sglang #15481):
+a proxy that starts a real llama-server and forwards every request to it with `seed` removed.
+
+    python tests/seedless_proxy.py PORT SERVER_PORT -- llama-server ARGS... (ARGS with --port SERVER_PORT)
+
+The sampling is the real server's; only the seed is lost on the way, so each request draws its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    port, upstream = int(sys.argv[1]), f"http://127.0.0.1:{sys.argv[2]}"
+    server = subprocess.Popen(sys.argv[sys.argv.index("--") + 1:])
+
+    class Forward(BaseHTTPRequestHandler):
+        def _relay(self, body: bytes | None) -> None:
+            request = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=600) as answer:
+                    status, data = answer.status, answer.read()
+            except urllib.error.HTTPError as exc:
+                status, data = exc.code, exc.read()
+            except OSError:
+                status, data = 503, b'{"error": "upstream not ready"}'
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            self._relay(None)
+
+        def do_POST(self) -> None:  # noqa: N802
+            payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            payload.pop("seed", None)
+            self._relay(json.dumps(payload).encode())
+
+        def log_message(self, *args: object) -> None: ...
+
+    try:
+        ThreadingHTTPServer(("127.0.0.1", port), Forward).serve_forever()
+    finally:
+        server.kill()
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()
