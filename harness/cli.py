@@ -86,10 +86,13 @@ def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all
 
 
 def _print_summaries(console: Console, title: str, summary, cost, probes, answers) -> None:
-    from harness.report.table import answer_table, probe_table, slowdown_table, summary_table, verdict_lines
+    from harness.report.table import (answer_table, machine_lines, probe_table, slowdown_table, summary_table,
+                                      verdict_lines)
 
     console.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
     for line in verdict_lines(summary):
+        console.print(line)
+    for line in machine_lines(summary):
         console.print(line)
     if not cost.empty:
         console.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))

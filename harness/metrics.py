@@ -96,12 +96,19 @@ def chat_template_of(engine_info: pd.Series) -> pd.Series:
     return per_value(engine_info, one, missing="")
 
 
+def _machine_label(host: str, uuid: str, driver: str, cuda: str) -> str:
+    extra = ", ".join(x for x in (uuid, driver and f"driver {driver}", cuda and f"CUDA {cuda}") if x)
+    return f"{host} ({extra})" if uuid and extra else host
+
+
 def _machine_of(frame: pd.DataFrame) -> pd.Series:
-    """Which machine made each row: 'host (GPU uuid, driver, CUDA)', from the columns present."""
-    parts = [frame[c].astype(object).where(frame[c].notna(), "").astype(str) if c in frame else
-             pd.Series("", index=frame.index) for c in MACHINE_COLUMNS]
-    host, gpu = parts[0], parts[1] + " driver " + parts[2] + " CUDA " + parts[3]
-    return host.where(parts[1] == "", host + " (" + gpu + ")")
+    """Which machine made each row: 'host (GPU uuid, driver D, CUDA C)', from the columns present."""
+    parts = pd.DataFrame({c: frame[c].astype(object).where(frame[c].notna(), "").astype(str) if c in frame else ""
+                          for c in MACHINE_COLUMNS}, index=frame.index)
+    machines = parts.drop_duplicates()
+    labels = {tuple(m): _machine_label(*m) for m in machines.itertuples(index=False)}
+    return pd.Series([labels[tuple(m)] for m in parts.itertuples(index=False)] if len(machines) > 1 else
+                     [next(iter(labels.values()), "")] * len(parts), index=frame.index, dtype=object)
 
 
 def _provenance(frame: pd.DataFrame) -> pd.DataFrame:
@@ -288,6 +295,9 @@ def against_reference(
         implied = set().union(*(IMPLIED_BY_AXIS.get(a, frozenset()) for a in reference))
         refuse_mixed(paired.reset_index(drop=True), refs, implied | set(allow_mixed), "comparing runs with their reference")
     # The reference run itself is not evidence of agreement: leave it out of the comparison.
+    nodes = dict(zip(first["cell_id"], _machine_of(first)))  # a cell's runs come from one machine
+    ok["node"] = ok["cell_id"].map(nodes)
+    ok["reference_node"] = ok["reference_cell"].map(nodes)
     ok["is_reference"] = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == 0)
     ok.loc[ok["is_reference"], "ref_hash"] = None
     has_ref = ok["ref_hash"].notna()
@@ -395,6 +405,8 @@ def summarize(
             "tokens_median": g["n_tokens"].median(),
             "tokens_per_s_median": g["target_tokens_per_s"].median(),
             "reference_cell": g["reference_cell"].first(),
+            "node": g["node"].first(),
+            "reference_node": g["reference_node"].first(),
             "logprobs_identical": g["identical_lp"].mean(),
             "logprobs_compared": g["identical_lp"].count(),
             "logprob_first_diff_min": g["logprob_first_diff"].min(),
@@ -418,7 +430,7 @@ def summarize(
         "status", "runs", "unique_outputs", "modal_share", "match_rate", "first_divergence_min",
         "first_divergence_median", "divergence_rate_upper95", "diverged", "compared", "logprobs_identical",
         "logprobs_compared", "logprob_first_diff_min", "logprob_max_abs_diff", "tokens_median",
-        "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_cell", "n_ok", "n_failed", "n_unsupported",
+        "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_cell", "node", "reference_node", "n_ok", "n_failed", "n_unsupported",
         "n_skipped", "error",
     ]
     return out[order].sort_values(group_cols, kind="stable").reset_index(drop=True)

@@ -232,7 +232,7 @@ def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
     from harness import metrics
     from harness.results import open_results
 
-    from .conftest import row_for, synthetic_folder
+    from .conftest import row_for, run_harness, synthetic_folder
 
     folder, cells = synthetic_folder(tmp_path / "out", ["p1"], {"batch_size": [1, 2], "batch_invariant": [False, True]})
     for cell in cells:  # batch 1 ran on node-a; batch 2 and the batch-invariant twins on node-b
@@ -241,9 +241,20 @@ def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
                                             target_tokens_per_s=10.0, batch_tokens_per_s=10.0)], "t")
     results = open_results(folder.root)
     rows = results.read_rows(metrics.ROW_COLUMNS)
-    with pytest.raises(HarnessError, match=r"host differs between paired rows .* node-b \(GPU-node-b .* node-a"):
+    with pytest.raises(HarnessError, match=r"host differs between paired rows .* node-b \(GPU-node-b\) vs .* node-a \(GPU-node-a\)"):
         metrics.summarize(rows, results.tokens_for)
-    metrics.summarize(rows, results.tokens_for, allow_mixed={"host"})  # on purpose
+    summary = metrics.summarize(rows, results.tokens_for, allow_mixed={"host"})  # on purpose
+    from harness.report.table import machine_lines
+
+    lines = machine_lines(summary)  # the output says which machine each side ran on
+    assert len(lines) == 1 and "ran on node-b (GPU-node-b" in lines[0] and "on node-a (GPU-node-a" in lines[0]
+    assert set(summary.node) == {"node-a (GPU-node-a)", "node-b (GPU-node-b)"}
+    two, cells = synthetic_folder(tmp_path / "two", ["p1"], {"batch_size": [1, 2]})  # no twins: no slowdown
+    for cell in cells:
+        two.write_cell(cell.id, [row_for(cell, "p1", 0, [1, 2], host=f"node-{cell['batch_size']}")], "t")
+    done = run_harness("summarize", str(two.root), "--allow-mixed", "host")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "compared across machines: cell" in done.stdout and "ran on node-2; its reference" in done.stdout
     with pytest.raises(HarnessError, match="pairing batch-invariant off/on runs: host differs"):
         metrics.slowdown(rows, allow_mixed={"host"})  # a slowdown never divides two machines' throughputs
 

@@ -32,6 +32,20 @@ def _varying(summary: pd.DataFrame) -> list[str]:
     return [c for c in keys_of(summary) if c in summary and summary[c].astype(str).nunique() > 1]
 
 
+def machine_lines(summary: pd.DataFrame, most: int = 5) -> list[str]:
+    """Where runs were compared with a reference made on another machine (the compared axis is the
+    hardware, or --allow-mixed host said so): which machine each side ran on."""
+    if "node" not in summary or "reference_node" not in summary:
+        return []
+    paired = summary[summary["reference_node"].notna() & summary["node"].notna()]
+    apart = paired[paired["node"] != paired["reference_node"]].drop_duplicates(["cell_id", "reference_cell"])
+    lines = [f"[yellow]compared across machines[/yellow]: cell {r.cell_id} ran on {r.node or '?'}; its reference "
+             f"{r.reference_cell} on {r.reference_node or '?'}" for r in apart.head(most).itertuples()]
+    if len(apart) > most:
+        lines.append(f"(+{len(apart) - most} more cells compared across machines)")
+    return lines
+
+
 def verdict_lines(summary: pd.DataFrame) -> list[str]:
     """One line per setting, pooled over prompts: how many runs matched the reference."""
     from harness.metrics import upper95
