@@ -9,9 +9,10 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from harness.errors import HarnessError
+from harness.report.plain import PlainTable
 
 app = typer.Typer(
     help=(
@@ -56,7 +57,7 @@ def _results(folder: Path, all_cells: bool = False):
     results = open_results(folder, all_cells)
     if results.stale and not all_cells:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
-            f"[yellow]note[/yellow]: {len(results.stale)} stale cell(s) in {folder} left out (not in its current "
+            f"[yellow]note[/yellow]: {len(results.stale)} stale cell(s) in {escape(str(folder))} left out (not in its current "
             "experiment; see 'harness status'; --all-cells reads them)"
         )
     return results
@@ -119,7 +120,7 @@ def plan(
     console = _console()
     varying = [a for a in loaded.axes if len({str(c[a]) for c in cells}) > 1]
     fixed = [f"{a}={cells[0][a]}" for a in loaded.axes if a not in varying]
-    table = Table(title=f"{exp.name}: {len(cells)} cells in {len(groups)} engine load(s)", title_justify="left")
+    table = PlainTable(title=f"{exp.name}: {len(cells)} cells in {len(groups)} engine load(s)", title_justify="left")
     for col in ["load", "cell"] + varying:
         table.add_column(col)
     for gi, grp in enumerate(groups, 1):
@@ -187,13 +188,14 @@ def run(
     out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
     folder = ResultsFolder(out)
     console = _console()
-    console.print(f"[bold]{loaded.experiment.name}[/bold] -> {out}")
+    shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
+    console.print(f"[bold]{loaded.experiment.name}[/bold] -> {shown}")
     with RichReporter(console) as reporter:
         runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every)
         adoption = runner.adoption
         if adoption.replaced:
             reporter.log(
-                f"[yellow]note[/yellow]: {out} held another version of experiment(s) {', '.join(adoption.replaced)}; "
+                f"note: {out} held another version of experiment(s) {', '.join(adoption.replaced)}; "
                 f"{len(adoption.stale)} cell(s) on disk are now stale: kept, listed by 'harness status', left out of "
                 "statistics"
             )
@@ -202,18 +204,22 @@ def run(
         except KeyboardInterrupt:
             reporter.progress.stop()
             done = len(folder.store.cell_files())
-            console.print(f"[yellow]interrupted[/yellow]: {done} finished cell(s) are in {out}; "
+            console.print(f"[yellow]interrupted[/yellow]: {done} finished cell(s) are in {shown}; "
                           "run the same command again to resume")
             raise typer.Exit(130) from None
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items()))
     console.print(f"ran {len(result.ran)} cell(s) ({counts + ' rows' if counts else 'nothing new'}); "
                   f"{len(result.skipped_done)} already done")
     if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
-        _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
-        console.print(f"rows: {out}/cells/*.parquet   summary: {out}/summary.parquet")
+        try:  # the run's exit code is the run's: a summary that cannot be made is said, not fatal
+            _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
+            console.print(f"rows: {shown}/cells/*.parquet   summary: {shown}/summary.parquet")
+        except HarnessError as exc:
+            console.print(f"[yellow]no summary[/yellow]: {escape(str(exc))}; the rows are in {shown}/cells "
+                          f"(harness summarize {shown} with other options reads them)")
     if result.failed:
         console.print(
-            f"[red]{len(result.failed)} cell(s) failed[/red]: their causes are in 'harness status {out}'; "
+            f"[red]{len(result.failed)} cell(s) failed[/red]: their causes are in 'harness status {shown}'; "
             "the same command retries them (exit code 1)"
         )
         raise typer.Exit(1)
@@ -361,7 +367,7 @@ def status(
         console.print(f"{len(resumable)} unfinished cell(s) hold checkpoints "
                       f"({sum(partial[s.cell.id] for s in resumable)} run(s) kept); a rerun resumes inside them")
     if pending:
-        table = Table(title="cells not done", title_justify="left")
+        table = PlainTable(title="cells not done", title_justify="left")
         for col in ("cell", "state", "engine", "gpu", "batch", "dtype", "checkpointed", "error"):
             table.add_column(col)
         for s in pending:
@@ -437,7 +443,7 @@ def compare(
         console.print(f"[yellow]differs[/yellow] {what}: A {escape(in_a)} | B {escape(in_b)}")
     keys = keys_of(result.per_setting, drop=ignore)
     shown = [k for k in keys if result.per_setting[k].astype(str).nunique() > 1] or ["engine"]
-    table = Table(title=f"prompts changed: {b} vs {a} (first repeat)", title_justify="left")
+    table = PlainTable(title=f"prompts changed: {b} vs {a} (first repeat)", title_justify="left")
     for col in shown + ["prompts", "changed", "first divergence"]:
         table.add_column(col)
     for rec in result.per_setting.to_dict("records"):
@@ -448,12 +454,13 @@ def compare(
     differ = result.runs[~result.runs["same"] & (result.runs["repeat"] == 0)]
     for rec in differ.head(20).to_dict("records"):
         at = int(rec["first_divergence"])
-        console.print(f"[bold]{rec['prompt_id']}[/bold] ({', '.join(f'{k}={rec[k]}' for k in shown)}) splits at token {at}")
+        console.print(f"[bold]{escape(str(rec['prompt_id']))}[/bold] "
+                      f"({escape(', '.join(f'{k}={rec[k]}' for k in shown))}) splits at token {at}")
         console.print(f"  A: {around_split(rec['token_texts_a'], rec['text_a'], at)!r}", markup=False)
         console.print(f"  B: {around_split(rec['token_texts_b'], rec['text_b'], at)!r}", markup=False)
     for label, frame in (("only in A", result.only_a), ("only in B", result.only_b)):
         for rec in frame.to_dict("records"):
-            console.print(f"[yellow]{label}[/yellow]: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
+            console.print(f"[yellow]{label}[/yellow]: " + escape(", ".join(f"{k}={v}" for k, v in rec.items())))
 
 
 @app.command()
@@ -556,11 +563,11 @@ def check(
     missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for e in opened.experiments for c in expand(e)
                             if c.id not in on_disk]).drop_duplicates("cell_id", ignore_index=True)
     verdicts = gate.evaluate(rules, summary, cost, answers, missing if not missing.empty else None)
-    table = Table(title=f"{results}: expectations", title_justify="left")
+    table = PlainTable(title=f"{results}: expectations", title_justify="left")
     for col in ("rule", "verdict", "detail"):
         table.add_column(col)
     for v in verdicts:
-        table.add_row(v.rule, "[green]pass[/green]" if v.passed else "[red]FAIL[/red]", v.detail)
+        table.add_row(v.rule, Text("pass", style="green") if v.passed else Text("FAIL", style="red"), v.detail)
     _console().print(table)
     if junit is not None:
         junit.write_text(gate.junit(verdicts, f"harness-check {results.name}"))
@@ -623,7 +630,7 @@ def models_list(ctx: typer.Context) -> None:
         return
     from harness import models
 
-    table = Table(title="named models", title_justify="left")
+    table = PlainTable(title="named models", title_justify="left")
     for col in ("name", "file", "size", "description"):
         table.add_column(col)
     for named in models.REGISTRY.values():
@@ -655,7 +662,7 @@ def main(argv: Optional[list[str]] = None) -> Any:
             sys.exit(code)
         return None
     except HarnessError as exc:
-        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

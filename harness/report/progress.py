@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.text import Text
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -46,4 +47,4 @@ class RichReporter:
             self.progress.advance(self.task, n)
 
     def log(self, message: str) -> None:
-        self.progress.console.print(f"[dim]{message}[/dim]")
+        self.progress.console.print(Text(message, style="dim"))  # engine and error text, never markup

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
+
+from harness.report.plain import PlainTable
 
 from harness.metrics import keys_of
 
@@ -39,8 +42,8 @@ def machine_lines(summary: pd.DataFrame, most: int = 5) -> list[str]:
         return []
     paired = summary[summary["reference_node"].notna() & summary["node"].notna()]
     apart = paired[paired["node"] != paired["reference_node"]].drop_duplicates(["cell_id", "reference_cell"])
-    lines = [f"[yellow]compared across machines[/yellow]: cell {r.cell_id} ran on {r.node or '?'}; its reference "
-             f"{r.reference_cell} on {r.reference_node or '?'}" for r in apart.head(most).itertuples()]
+    lines = [f"[yellow]compared across machines[/yellow]: cell {r.cell_id} ran on {escape(r.node or '?')}; its "
+             f"reference {r.reference_cell} on {escape(r.reference_node or '?')}" for r in apart.head(most).itertuples()]
     if len(apart) > most:
         lines.append(f"(+{len(apart) - most} more cells compared across machines)")
     return lines
@@ -55,7 +58,7 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
     lines = []
     for key, part in ok.groupby(varying, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{a}={v}" for a, v in zip(varying, key))
+        label = escape(", ".join(f"{a}={v}" for a, v in zip(varying, key)))
         compared, diverged = int(part["compared"].sum()), int(part["diverged"].sum())
         bound = upper95(diverged, compared)
         text = f"{label}: {compared - diverged}/{compared} runs identical to the reference"
@@ -71,7 +74,7 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
     orphans = summary[(summary["runs"] > 0) & summary["reference_cell"].isna()]
     for key, part in orphans.groupby(varying, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{a}={v}" for a, v in zip(varying, key))
+        label = escape(", ".join(f"{a}={v}" for a, v in zip(varying, key)))
         lines.append(f"{label}: no reference run ({part['reference'].iloc[0]}) for {len(part)} prompt(s); "
                      "those runs are not compared")
     return lines
@@ -94,7 +97,7 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
     """Per cell and prompt; past `limit` records only the notable ones show, and the caption says so
     (a terminal table of thousands of lines is read by no one and takes seconds to draw)."""
     varying = _varying(summary)
-    table = Table(title=title, title_justify="left", caption_justify="left")
+    table = PlainTable(title=title, title_justify="left", caption_justify="left")
     shown = shown_records(summary, limit)
     if len(shown) < len(summary):
         table.caption = (f"{len(shown)} of {len(summary)} records shown: those where runs differ, fail or have no "
@@ -130,7 +133,7 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
 
 def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
     varying = [c for c in keys_of(cost, drop=["batch_invariant"]) if c in cost and cost[c].astype(str).nunique() > 1]
-    table = Table(title=title, title_justify="left")
+    table = PlainTable(title=title, title_justify="left")
     for col in varying + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
         table.add_column(SHORT.get(col, col), justify="right")
     for rec in cost.to_dict("records"):
@@ -148,7 +151,7 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
 def _per_setting(frame: pd.DataFrame, title: str, headers: list[str]) -> tuple[Table, list[str]]:
     """A table with one row per setting: the axes that vary in `frame`, then `headers`."""
     varying = [c for c in keys_of(frame) if c in frame and frame[c].astype(str).nunique() > 1] or ["engine"]
-    table = Table(title=title, title_justify="left")
+    table = PlainTable(title=title, title_justify="left")
     for col in varying + headers:
         table.add_column(SHORT.get(col, col), justify="right")
     return table, varying
@@ -195,7 +198,7 @@ def answer_table(answers: pd.DataFrame, title: str) -> Table:
 
 def split_table(frame: pd.DataFrame, title: str) -> Table:
     """The split trees: one line per branch, indented by depth, runs and distinct outputs per branch."""
-    table = Table(title=title, title_justify="left")
+    table = PlainTable(title=title, title_justify="left")
     for col in ("cell", "prompt", "at token", "branch", "runs", "unique", "share"):
         table.add_column(col, justify="right" if col in ("at token", "runs", "unique", "share") else "left")
     for (cell, prompt), part in frame.groupby(["cell_id", "prompt_id"], sort=False):

@@ -1,0 +1,55 @@
+"""Model output, error messages and paths are printed as text, never read as rich markup."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from rich.console import Console
+
+from harness.report.progress import RichReporter
+
+from .conftest import row_for, run_harness, synthetic_folder
+
+#: what a model may well say, and what rich would take for markup
+MARKUP = ["[/INST]", "[bold]", " word", "[/", "]"]
+
+
+def _folder(tmp_path):
+    folder, cells = synthetic_folder(tmp_path / "out[1]", ["p1"], {"batch_size": [1, 2], "gpu": ["any", "A100"]},
+                                     repeats=3)
+    for cell in cells:
+        rows = []
+        for repeat in range(3):
+            if cell["gpu"] == "A100":
+                rows.append(row_for(cell, "p1", repeat, status="failed", error="cannot open [/data/x] [red]"))
+                continue
+            split = 2 if cell["batch_size"] == 2 and repeat == 2 else 0  # ' word' where the others say '[/INST]'
+            tokens = [1, 3, split, 4]
+            rows.append(row_for(cell, "p1", repeat, tokens, token_texts=[MARKUP[t] for t in tokens],
+                                text="".join(MARKUP[t] for t in tokens)))
+        folder.write_cell(cell.id, rows, "t")
+    return folder
+
+
+def test_markup_in_outputs_errors_and_paths_prints_as_it_is(tmp_path):
+    folder = _folder(tmp_path)
+    splits = run_harness("summarize", str(folder.root), "--what", "splits")
+    assert splits.returncode == 0, splits.stderr
+    assert "Traceback" not in splits.stderr and "'[/INST]'" in splits.stdout and "' word'" in splits.stdout
+    whole = run_harness("summarize", str(folder.root))
+    assert whole.returncode == 0 and "out[1]" in whole.stdout, whole.stdout + whole.stderr
+    wide = dict(os.environ, COLUMNS="400")  # the error column whole on one line
+    status = subprocess.run([sys.executable, "-m", "harness", "status", str(folder.root)], capture_output=True,
+                            text=True, env=wide)
+    assert status.returncode == 0, status.stderr
+    assert "cannot open [/data/x] [red]" in status.stdout
+
+
+def test_a_log_line_with_markup_in_it_is_printed_not_parsed():
+    out = io.StringIO()
+    reporter = RichReporter(Console(file=out, width=200))
+    reporter.log("cell c failed: OSError: [Errno 2] No such file: '[/models/x.gguf]' [bold]")
+    assert "'[/models/x.gguf]' [bold]" in out.getvalue()
