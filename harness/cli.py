@@ -185,6 +185,7 @@ def run(
         cell_ids=frozenset(c.strip() for c in cells.split(",") if c.strip()) if cells else None,
         where=_parse_where(where),
     )
+    _before_running(loaded, selection, reference)
     out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
     folder = ResultsFolder(out)
     console = _console()
@@ -229,6 +230,17 @@ def run(
                       "where it is (exit code 0)")
     else:
         console.print("every cell run is done (exit code 0)")
+
+
+def _before_running(loaded: Any, selection: Any, reference: list[str]) -> None:
+    """Refuse a selection that names unknown cells or selects nothing, and a reference that cannot be
+    parsed, before the results folder is touched or an engine loads (not after the GPU hours)."""
+    from harness.matrix import expand, group
+    from harness.metrics import parse_reference
+    from harness.selection import apply
+
+    apply(group(expand(loaded)), selection)
+    parse_reference(reference)
 
 
 def _parse_where(items: list[str]) -> dict[str, Any]:

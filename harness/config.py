@@ -174,6 +174,16 @@ class Matrix(Strict):
             out.append(canonical)
         return out
 
+    @field_validator("batch_size", "temperature", "top_p", "top_k", "seed", "context_tokens", mode="before")
+    @classmethod
+    def _numbers(cls, values: Any, info: ValidationInfo) -> list[Any]:
+        """YAML reads yes/no/true/false as booleans, which are ints to Python: refuse them here."""
+        for value in _as_list(values):
+            if isinstance(value, bool):
+                raise ValueError(f"{info.field_name} {str(value).lower()}: a true/false value where a number belongs; "
+                                 f"allowed: {_RANGES[info.field_name][1]}")
+        return _as_list(values)
+
     @field_validator("batch_size", "temperature", "top_p", "top_k", "seed", "context_tokens")
     @classmethod
     def _in_range(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
@@ -419,10 +429,32 @@ def _check_option_axes(
     return out
 
 
-def load_experiment(path: Path | str) -> LoadedExperiment:
-    """Load and fully validate an experiment file; raises ConfigError naming file:line and field."""
+def load_experiment(path: Path | str, model_files: bool = True) -> LoadedExperiment:
+    """Load and fully validate an experiment file; raises ConfigError naming file:line and field.
+
+    Model files named by path must exist here (`model_files=False`: not checked, for a file written
+    for other machines; an experiment read back from a results folder's snapshot is not checked
+    either: its files may be on another machine)."""
     path = Path(path)
-    return _load(yamlsrc.load(path), path.parent)
+    source = yamlsrc.load(path)
+    loaded = _load(source, path.parent)
+    if model_files:
+        _check_model_files(source, loaded)
+    return loaded
+
+
+def _check_model_files(source: yamlsrc.Source, loaded: LoadedExperiment) -> None:
+    """A .gguf path that is not a file is refused at its line, before any engine starts."""
+    places = [(("matrix", "model", i), m) for i, m in enumerate(loaded.experiment.matrix.model)]
+    places += [(("include", i, "model"), e["model"]) for i, e in enumerate(loaded.include) if "model" in e]
+    for loc, model in places:
+        if not str(model).lower().endswith(".gguf"):
+            continue  # a registry name, a Hugging Face id or folder, a served name: the engine resolves it
+        file = Path(model).expanduser()
+        file = file if file.is_absolute() else loaded.base / file
+        if not file.is_file():
+            raise ConfigError(f"{source.where(loc)}: model '{model}': no such file ({file}; a relative path is read from the "
+                              "experiment file's folder)")
 
 
 def load_snapshot(snapshot: dict[str, Any], base: Path, where: Path) -> LoadedExperiment:

@@ -11,3 +11,9 @@ class ConfigError(HarnessError):
     """Bad experiment or prompt file: nothing has been run or written."""
 
     exit_code = 2
+
+
+class UsageError(HarnessError):
+    """A bad command-line argument (a selection, a reference): refused before anything runs or is written."""
+
+    exit_code = 2

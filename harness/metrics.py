@@ -16,7 +16,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from harness.config import AXES, Matrix, option_axis, option_value
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UsageError
 
 #: Columns that identify comparable settings (a cell, minus the ids).
 KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
@@ -221,17 +221,17 @@ def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[s
             try:
                 out[axis] = option_value(axis, value.strip())[1]
             except ValueError as exc:
-                raise HarnessError(f"{option} '{item}': {exc}") from None
+                raise UsageError(f"{option} '{item}': {exc}") from None
             continue
         if not sep or axis not in AXES:
-            raise HarnessError(f"{option} '{item}': expected AXIS=VALUE with AXIS one of {', '.join(AXES)} "
+            raise UsageError(f"{option} '{item}': expected AXIS=VALUE with AXIS one of {', '.join(AXES)} "
                                "or ENGINE.OPTION for a swept engine option")
         probe = {"model": ["x"], axis: [value.strip()]}
         try:
             out[axis] = getattr(Matrix.model_validate(probe), axis)[0]
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-            raise HarnessError(f"{option} '{item}': {msg}") from None
+            raise UsageError(f"{option} '{item}': {msg}") from None
     return out or dict(DEFAULT_REFERENCE)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UsageError
 from harness.matrix import Cell, Group
 
 
@@ -81,7 +81,12 @@ def apply(groups: list[Group], selection: Selection) -> list[tuple[Group, list[C
         known = {c.id for g in groups for c in g.cells}
         unknown = sorted(selection.cell_ids - known)
         if unknown:
-            raise HarnessError(f"--cells: not cells of this experiment: {', '.join(unknown)} (see 'harness plan')")
+            raise UsageError(f"--cells: not cells of this experiment: {', '.join(unknown)} (see 'harness plan')")
+    if selection.where and not kept:
+        seen = {k: sorted({str(c[k]) for g in groups for c in g.cells}) for k in selection.where}
+        raise UsageError(
+            "--where " + " ".join(f"{k}={v}" for k, v in selection.where.items()) + " selects no cell of this "
+            "experiment; its values there: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in seen.items()))
     if selection.shard is None:
         return [(g, list(g.cells)) for g in kept]
     return shard_of(kept, *selection.shard)

@@ -29,11 +29,11 @@ prompts: prompts.yaml
 repeats: 2
 max_tokens: 12
 matrix:
-  model: [smollm2-135m, missing-model.gguf]
+  model: [smollm2-135m, broken-model.gguf]
   engine: [llamacpp]
   batch_size: [1, 3]
 exclude:
-  - {model: missing-model.gguf, batch_size: 3}
+  - {model: broken-model.gguf, batch_size: 3}
 include:
   - {model: smollm2-135m, batch_invariant: true, batch_size: 1}
   - {model: smollm2-135m, gpu: NoSuchGPU-X1, batch_size: 1}
@@ -48,6 +48,7 @@ engine_options:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
     root = tmp_path_factory.mktemp("engine")
+    (root / "broken-model.gguf").write_bytes(b"GGUF" + bytes(4096))  # a file llama.cpp cannot load
     return root, run_experiment(root, EXPERIMENT).read_rows()
 
 
@@ -86,8 +87,8 @@ def test_refused_and_failed_cells_are_rows_with_reasons(results):
     skipped = rows[rows.status == "skipped"]
     assert set(skipped.gpu) == {"NoSuchGPU-X1"} and skipped.error.str.contains("asks for GPU").all()
     failed = rows[rows.status == "failed"]
-    assert set(failed.model) == {"missing-model.gguf"}
-    assert failed.error.str.contains("model file not found").all()
+    assert set(failed.model) == {"broken-model.gguf"}
+    assert failed.error.str.contains("broken-model.gguf").all(), failed.error.unique()
 
 
 def test_batch_one_repeats_are_identical_and_seeds_reproduce(results):

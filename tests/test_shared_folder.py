@@ -111,7 +111,8 @@ def test_skipped_rows_never_land_over_a_cell_another_node_finished(tmp_path, mon
 @needs_llama
 def test_a_failed_run_never_lands_over_a_done_cell_even_when_forced(tmp_path):
     """A task redoing a finished cell (--force, or a resubmission) whose engine fails to load keeps the old cell."""
-    loaded = load_experiment(_experiment(tmp_path, "  model: [missing.gguf]\n  engine: [llamacpp]\n"))
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF" + bytes(4096))  # a file llama.cpp cannot load
+    loaded = load_experiment(_experiment(tmp_path, "  model: [broken.gguf]\n  engine: [llamacpp]\n"))
     folder = ResultsFolder(tmp_path / "out")
     (cell_id,) = [c.id for c in expand(loaded)]
     folder.write_cell(cell_id, _rows(cell_id, "ok", 4), "earlier-task")
