@@ -7,14 +7,16 @@ import os
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 
 from harness.report.progress import RichReporter
 
 from .conftest import row_for, run_harness, synthetic_folder
+from .test_report import HAVE_BROWSER, _open, browser  # noqa: F401 - the fixture
 
 #: what a model may well say, and what rich would take for markup
-MARKUP = ["[/INST]", "[bold]", " word", "[/", "]"]
+MARKUP = ["[/INST]", "[bold]", " word", "[/", "]", "<!--", "<script>", "</script>", "\x07 &amp;"]
 
 
 def _folder(tmp_path):
@@ -27,7 +29,7 @@ def _folder(tmp_path):
                 rows.append(row_for(cell, "p1", repeat, status="failed", error="cannot open [/data/x] [red]"))
                 continue
             split = 2 if cell["batch_size"] == 2 and repeat == 2 else 0  # ' word' where the others say '[/INST]'
-            tokens = [1, 3, split, 4]
+            tokens = [1, 3, split, 4, 5, 6, 7, 8]
             rows.append(row_for(cell, "p1", repeat, tokens, token_texts=[MARKUP[t] for t in tokens],
                                 text="".join(MARKUP[t] for t in tokens)))
         folder.write_cell(cell.id, rows, "t")
@@ -53,3 +55,15 @@ def test_a_log_line_with_markup_in_it_is_printed_not_parsed():
     reporter = RichReporter(Console(file=out, width=200))
     reporter.log("cell c failed: OSError: [Errno 2] No such file: '[/models/x.gguf]' [bold]")
     assert "'[/models/x.gguf]' [bold]" in out.getvalue()
+
+
+@pytest.mark.skipif(not HAVE_BROWSER and not os.environ.get("CI"), reason="Debian's chromium or playwright not installed")
+def test_the_report_shows_html_comments_and_script_tags_as_text(tmp_path, browser):
+    folder = _folder(tmp_path)
+    out = tmp_path / "report.html"
+    done = run_harness("report", str(folder.root), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    page, errors = _open(browser, out)  # waits for the page's script to have run on the data
+    shown = page.inner_text("#groups")
+    assert "<!--" in shown and "<script>" in shown and "</script>" in shown and "[/INST]" in shown
+    assert errors == []

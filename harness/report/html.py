@@ -7,6 +7,7 @@ hash, so results with thousands of mostly identical runs stay small.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from datetime import datetime, timezone
@@ -228,11 +229,14 @@ def build(
 def render(payload: dict[str, Any]) -> str:
     """The page: the template with styles, script and data put inline (no network when opened)."""
     assets = resources.files("harness.report") / "assets"
-    data = json.dumps(payload, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    # no '<' at all inside the script element: model text such as '<!--' followed by '<script' would
+    # otherwise put the HTML parser in its double-escaped state and the page would not load
+    data = (json.dumps(payload, allow_nan=False, separators=(",", ":"))
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
     title = f"{payload['meta']['experiment']}: determinism report"
     page = (assets / "report.html").read_text(encoding="utf-8")
     return (
-        page.replace("{{TITLE}}", title.replace("<", "&lt;"))
+        page.replace("{{TITLE}}", html.escape(title))
         .replace("{{CSS}}", (assets / "report.css").read_text(encoding="utf-8"))
         .replace("{{JS}}", (assets / "report.js").read_text(encoding="utf-8"))
         .replace("{{DATA}}", data)
