@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -140,3 +141,25 @@ def fake_nvidia_smi(folder: Path, name: str, compute_cap: str = "8.0") -> dict[s
     )
     script.chmod(0o755)
     return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+# -- the report in a real headless Chromium (Debian's) -------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+HAVE_BROWSER = Path(CHROMIUM).exists() and importlib.util.find_spec("playwright") is not None
+# On CI the browser is installed by .ci/run: a missing one is a failure there, not a skip.
+needs_browser = pytest.mark.skipif(
+    not HAVE_BROWSER and not os.environ.get("CI"), reason="Debian's chromium or playwright not installed"
+)
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()

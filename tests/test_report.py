@@ -8,9 +8,7 @@ browser logs no error. A screenshot is kept as a test artifact (HARNESS_ARTIFACT
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,27 +18,9 @@ import pytest
 from harness import metrics
 from harness.store import Store
 
-from .conftest import needs_llama, row_for, run_harness, synthetic_folder
+from .conftest import needs_browser, needs_llama, row_for, run_harness, synthetic_folder
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-HAVE_BROWSER = Path(CHROMIUM).exists() and importlib.util.find_spec("playwright") is not None
-# On CI the browser is installed by .ci/run: a missing one is a failure there, not a skip.
-needs_browser = pytest.mark.skipif(
-    not HAVE_BROWSER and not os.environ.get("CI"), reason="Debian's chromium or playwright not installed"
-)
 ARTIFACTS = Path(os.environ.get("HARNESS_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
 
 
 def _open(browser, path: Path, width: int = 1280):

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 
-import pytest
 from rich.console import Console
 
 from harness.report.progress import RichReporter
 
-from .conftest import row_for, run_harness, synthetic_folder
-from .test_report import HAVE_BROWSER, _open, browser  # noqa: F401 - the fixture
+from .conftest import needs_browser, row_for, run_harness, synthetic_folder
+from .test_report import _open
 
 #: what a model may well say, and what rich would take for markup
 MARKUP = ["[/INST]", "[bold]", " word", "[/", "]", "<!--", "<script>", "</script>", "\x07 &amp;"]
@@ -57,7 +56,7 @@ def test_a_log_line_with_markup_in_it_is_printed_not_parsed():
     assert "'[/models/x.gguf]' [bold]" in out.getvalue()
 
 
-@pytest.mark.skipif(not HAVE_BROWSER and not os.environ.get("CI"), reason="Debian's chromium or playwright not installed")
+@needs_browser
 def test_the_report_shows_html_comments_and_script_tags_as_text(tmp_path, browser):
     folder = _folder(tmp_path)
     out = tmp_path / "report.html"
