@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from harness import yamlsrc
 from harness.engines import ENGINE_NAMES, options_model
 from harness.errors import ConfigError
+from harness.redaction import redact
 from harness.answers import ParseRule
 from harness.prompts import (
     PromptItem,
@@ -467,6 +468,8 @@ def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
     inline["prompts"] = [p.as_data() for p in prompt_set.prompts]
     inline["fillers"] = [f.text for f in prompt_set.fillers]
     inline.pop("parse", None)  # each prompt carries its own rule now
+    if "engine_options" in inline:  # the snapshot is stored (manifest, experiment.yaml): no credentials
+        inline["engine_options"] = redact(inline["engine_options"])
     return json.loads(json.dumps(inline, default=str))  # plain JSON types only
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from harness.config import AXES, LATER_AXES_DEFAULTS, LoadedExperiment, Matrix, option_axis, option_value
 from harness.engines.base import LoadSpec, Sampling
 from harness.errors import ConfigError
+from harness.redaction import redact
 
 #: Axes that need a new engine load when they change (the rest vary inside one engine).
 LOAD_AXES: tuple[str, ...] = ("engine", "model", "dtype", "gpu", "batch_invariant", "prefill_chunk", "kv_cache_dtype")
@@ -120,13 +121,14 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
                 options[option] = option_value(axis, settings[axis])[0]
             else:
                 settings[axis] = None
-        group_key = {a: settings[a] for a in LOAD_AXES} | {"options": options,
+        stored = redact(options)  # ids hash what may be stored: a credential is never part of one
+        group_key = {a: settings[a] for a in LOAD_AXES} | {"options": stored,
                                                            "prefix_caching": settings["prefix_cache"] != "off"}
         # axes added later enter the id only away from their default: older results keep their ids
         identity = {k: v for k, v in settings.items() if LATER_AXES_DEFAULTS.get(k, object()) != v}
         if settings["context_tokens"] > 0:
             identity["context"] = exp.context.model_dump()
-        cell_id = _digest(identity | common | {"options": options})
+        cell_id = _digest(identity | common | {"options": stored})
         cells.setdefault(
             cell_id,
             Cell(

@@ -13,9 +13,9 @@ from typing import Any
 
 import harness
 from harness import gpu_names
+from harness.redaction import secret_name
 
 ENV_PREFIXES = ("VLLM_", "CUDA_", "CUBLAS_", "NCCL_", "OMP_", "GGML_", "LLAMA_", "MKL_", "OPENBLAS_")
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 
 
 def _cpu_model() -> str:
@@ -103,7 +103,7 @@ def git_commit() -> str:
 def allowed_env() -> dict[str, str]:
     return {
         k: v for k, v in sorted(os.environ.items())
-        if k.startswith(ENV_PREFIXES) and not any(m in k for m in SECRET_MARKERS)
+        if k.startswith(ENV_PREFIXES) and not secret_name(k)
     }
 
 

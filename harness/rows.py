@@ -13,6 +13,7 @@ import numpy as np
 from harness.config import LoadedExperiment
 from harness.engines.base import BatchOutput
 from harness.matrix import Cell
+from harness.redaction import redact
 from harness.store import SCHEMA_VERSION
 
 
@@ -66,7 +67,7 @@ class RowMaker:
             "repeat": repeat,
             **cell.as_dict,
             "max_tokens": self.exp.max_tokens,
-            "engine_options": json.dumps(dict(cell.engine_options), sort_keys=True),
+            "engine_options": json.dumps(redact(dict(cell.engine_options)), sort_keys=True),
             **engine_cols,
             "started_at": datetime.now(timezone.utc),
             **self.prov,

@@ -16,6 +16,7 @@ from harness.config import LoadedExperiment
 from harness.engines import engine_class
 from harness.launch import launch
 from harness.matrix import Cell, Group, expand, group
+from harness.redaction import scrub, secret_values
 from harness.results import ResultsFolder
 from harness.rows import RowMaker
 from harness.selection import Selection, apply
@@ -110,6 +111,9 @@ class Runner:
                           checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus))
         env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
+        secrets = secret_values(grp.spec.options)
+        for path in log_path.parent.glob("*.log") if secrets else ():  # the worker's and its servers' logs
+            scrub(path, secrets)
         missing = [c for c in cells if not self._landed_here(c) and (force or not self.store.is_done(c.id))]
         if missing and outcome.cause == "":
             outcome.cause = "engine worker ended without writing these cells"

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.redaction import REDACTED, redact_url, scrub, secret_values
+
 #: Set by the runner for each worker: where server engines put their servers' logs.
 LOG_DIR_ENV = "HARNESS_LOG_DIR"
 
@@ -48,12 +50,12 @@ def post_json(url: str, payload: dict[str, Any], timeout: float, headers: dict[s
         raise RuntimeError(f"cannot reach {url}: {exc.reason}") from None
 
 
-def get_json(url: str, timeout: float = 10) -> dict[str, Any]:
+def get_json(url: str, timeout: float = 10, headers: dict[str, str] | None = None) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as response:
             return json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise RuntimeError(f"cannot read {url}: {exc}") from None
+        raise RuntimeError(f"cannot read {redact_url(url)}: {exc}") from None
 
 
 @dataclass
@@ -152,9 +154,14 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
 class ManagedServer:
     """Start `args`, wait until GET `health_url` answers 200, stop the process group on close."""
 
-    def __init__(self, args: list[str], health_url: str, log_path: Path, startup_timeout_s: float) -> None:
+    def __init__(self, args: list[str], health_url: str, log_path: Path, startup_timeout_s: float,
+                 headers: dict[str, str] | None = None) -> None:
         self.args = args
         self.health_url = health_url
+        #: sent with the health check too: a key-protected server answers it only with the key
+        self.headers = headers or {}
+        #: credentials in the arguments, kept out of the log tails that go into error messages
+        self.secrets = secret_values(args) | {v.removeprefix("Bearer ") for v in self.headers.values()}
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
@@ -179,7 +186,8 @@ class ManagedServer:
             if code is not None:
                 raise RuntimeError(f"server exited at start with code {code}: {self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.health_url, timeout=2) as response:
+                request = urllib.request.Request(self.health_url, headers=self.headers)
+                with urllib.request.urlopen(request, timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, OSError):
@@ -204,7 +212,10 @@ class ManagedServer:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+        tail = " | ".join(line.strip() for line in text[-lines:] if line.strip())
+        for secret in self.secrets:
+            tail = tail.replace(secret, REDACTED) if len(secret) >= 4 else tail
+        return tail
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -217,3 +228,4 @@ class ManagedServer:
                 except ProcessLookupError:
                     pass
         self.proc.wait()
+        scrub(self.log_path, self.secrets)  # a server may print its own arguments, keys included

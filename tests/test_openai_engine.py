@@ -13,7 +13,7 @@ from harness.results import ResultsFolder
 from harness.runner import Runner
 from harness.store import Store
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import PROMPTS, needs_llama, run_harness
 from .test_llama_server import _have_server
 
 pytestmark = [needs_llama, pytest.mark.engine,
@@ -74,3 +74,44 @@ def test_openai_options_need_exactly_one_server(write):
         load_experiment(write("exp.yaml", _experiment("request_timeout_s: 5")))
     with pytest.raises(ConfigError, match="must start with http"):
         load_experiment(write("exp.yaml", _experiment("base_url: localhost:8000")))
+
+
+def test_credentials_reach_the_server_and_no_stored_file(write, tmp_path, monkeypatch):
+    """A key in the launch arguments, a password in a base_url and a token in another engine's options:
+    the key-protected server turns healthy (the key goes with every request) and no file of the results
+    folders, their logs or their reports holds any of them."""
+    from harness.engines.llama_server import find_binary
+    from harness.server_process import free_port
+
+    key, password, token = "sk-harness-test-KEY-1234", "pw-harness-test-5678", "hf_harness_test_TOKEN_9012"
+    monkeypatch.setenv("HARNESS_TEST_KEY", key)
+    write("prompts.yaml", PROMPTS)
+    experiment = """
+        name: secrets
+        prompts: prompts.yaml
+        max_tokens: 6
+        matrix: {{model: [smollm2-135m], engine: [openai]}}
+        engine_options:
+          openai: {{{server}}}
+          vllm: {{extra: {{hf_token: {token}}}}}
+        """
+    launch = (f'launch: [{find_binary(None)}, -m, "{{model}}", --port, "{{port}}", --api-key, {key}, -t, "1"], '
+              "api_key_env: HARNESS_TEST_KEY")
+    write("launched.yaml", experiment.format(server=launch, token=token))
+    write("remote.yaml", experiment.format(server=f'base_url: "http://harness:{password}@127.0.0.1:{free_port()}"',
+                                           token=token))
+    launched = run_harness("run", "launched.yaml", "--out", "launched", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stdout + launched.stderr  # healthy: the key went with the health check
+    rows = Store(tmp_path / "launched").read_rows()
+    assert len(rows) == 2 and (rows.status == "ok").all(), rows.error.unique()
+    remote = run_harness("run", "remote.yaml", "--out", "remote", cwd=tmp_path)
+    assert remote.returncode == 1 and password not in remote.stdout + remote.stderr  # nothing listens there
+    for out in ("launched", "remote"):
+        assert run_harness("report", out, "-o", f"{out}/report.html", cwd=tmp_path).returncode == 0
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.parts[len(tmp_path.parts)] in ("launched", "remote")]
+    assert any(p.suffix == ".log" for p in files) and any(p.name == "manifest.json" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        for secret in (key, password, token):
+            assert secret.encode() not in data, f"{secret} in {path}"
+    assert "<redacted>" in (tmp_path / "launched" / "experiment.yaml").read_text()

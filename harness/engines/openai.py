@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from harness import models
 from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
+from harness.redaction import redact_url
 from harness.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
 
@@ -81,10 +82,10 @@ class OpenAIEngine(Engine):
             self.url = f"http://{self.opts.host}:{port}"
             log(f"launching {args[0]} on {self.url}")
             self.server = ManagedServer(args, self.url + self.opts.health_path, log_dir() / f"openai-server-{port}.log",
-                                        self.opts.startup_timeout_s)
+                                        self.opts.startup_timeout_s, headers=self._headers)
         else:
             self.url = self.opts.base_url.rstrip("/")
-            get_json(self.url + self.opts.health_path, timeout=30)  # a clear error now if unreachable
+            get_json(self.url + self.opts.health_path, timeout=30, headers=self._headers)  # a clear error now
         self.served_model = self.opts.served_model or spec.model
 
     def _token_ids(self, text: str) -> list[int]:
@@ -182,10 +183,10 @@ class OpenAIEngine(Engine):
     def describe(self) -> dict[str, Any]:
         version = ""
         try:
-            version = str(get_json(self.url + "/version", timeout=5).get("version", ""))
+            version = str(get_json(self.url + "/version", timeout=5, headers=self._headers).get("version", ""))
         except RuntimeError:
             pass
-        return {"engine_version": f"openai-compatible {version}".strip(), "url": self.url,
+        return {"engine_version": f"openai-compatible {version}".strip(), "url": redact_url(self.url),
                 "launched": self.server is not None}
 
     def close(self) -> None:

@@ -1,0 +1,52 @@
+"""Credentials are found by rule and written as <redacted> (harness.redaction)."""
+
+from __future__ import annotations
+
+from harness import provenance
+from harness.config import load_experiment
+from harness.matrix import expand
+from harness.redaction import REDACTED, redact, secret_name
+from harness.results import ResultsFolder
+
+from .conftest import PROMPTS
+
+
+def test_credentials_are_found_by_name_flag_and_url():
+    options = {
+        "launch": ["vllm", "serve", "--api-key", "sk-1", "--hf-token=hf_2", "--port", "{port}", "--max-num-seqs", "8"],
+        "base_url": "http://user:pw@host:8000/v1?api_key=q3&x=1",
+        "api_key_env": "MY_KEY",  # the name of a variable, not a secret
+        "extra": {"hf_token": "hf_4", "max_model_len": 4096},
+        "top_k": True,
+    }
+    assert redact(options) == {
+        "launch": ["vllm", "serve", "--api-key", REDACTED, f"--hf-token={REDACTED}", "--port", "{port}",
+                   "--max-num-seqs", "8"],
+        "base_url": f"http://{REDACTED}@host:8000/v1?api_key={REDACTED}&x=1",
+        "api_key_env": "MY_KEY",
+        "extra": {"hf_token": REDACTED, "max_model_len": 4096},
+        "top_k": True,
+    }
+    assert [secret_name(n) for n in ("PASSWD", "auth_header", "x-api-key", "monkey", "keyframe", "top_k",
+                                     "kv_cache_dtype", "n_gpu_layers")] == [True, True, True] + [False] * 5
+
+
+def test_the_environment_record_leaves_out_every_credential_word(monkeypatch):
+    for name in ("VLLM_API_KEY", "NCCL_PASSWD", "VLLM_AUTH", "CUDA_PASS"):
+        monkeypatch.setenv(name, "s3cret")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    env = provenance.allowed_env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and "s3cret" not in env.values()
+
+
+def test_a_key_is_no_part_of_a_cell_id_and_the_snapshot_expands_to_the_same_cells(write, tmp_path):
+    write("prompts.yaml", PROMPTS)
+    text = ("name: k\nprompts: prompts.yaml\nmatrix: {model: [smollm2-135m], engine: [openai]}\n"
+            "engine_options: {openai: {base_url: 'http://u:KEY@127.0.0.1:1', served_model: m}}\n")
+    one = load_experiment(write("a.yaml", text))
+    two = load_experiment(write("b.yaml", text.replace("KEY", "OTHERKEY")))
+    assert [c.id for c in expand(one)] == [c.id for c in expand(two)]
+    folder = ResultsFolder(tmp_path / "out")
+    folder.adopt(one)
+    assert "KEY@" not in folder.manifest_path.read_text()
+    assert [c.id for c in folder.current_cells()] == [c.id for c in expand(one)]
