@@ -182,12 +182,17 @@ def test_no_server_outlives_harness_run(tmp_path, how):
     out = tmp_path / "out"
     run = subprocess.Popen([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", str(out), "--no-summary"],
                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not _servers_of(out / "logs"):
-        time.sleep(0.2)
-    assert _servers_of(out / "logs"), "the server was never seen running"
-    run.send_signal(how)
-    run.wait(60)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not _servers_of(out / "logs"):
+            time.sleep(0.2)
+        assert _servers_of(out / "logs"), "the server was never seen running"
+        run.send_signal(how)
+        run.wait(60)
+    finally:  # a failure here must not leave this run and its server to the tests that follow
+        if run.poll() is None:
+            run.kill()
+            run.wait(60)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and _servers_of(out / "logs"):
         time.sleep(0.2)
