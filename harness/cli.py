@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UsageError
 from harness.report.plain import PlainTable
 
 app = typer.Typer(
@@ -187,6 +187,8 @@ def run(
     )
     _before_running(loaded, selection, reference)
     out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
     folder = ResultsFolder(out)
     console = _console()
     shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
@@ -582,6 +584,7 @@ def check(
         table.add_row(v.rule, Text("pass", style="green") if v.passed else Text("FAIL", style="red"), v.detail)
     _console().print(table)
     if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(gate.junit(verdicts, f"harness-check {results.name}"))
     if not all(v.passed for v in verdicts):
         raise typer.Exit(1)
@@ -661,8 +664,13 @@ def models_export(
 ) -> None:
     """Write the same weights as a GGUF in another dtype (used by the dtype axis of llamacpp)."""
     from harness import models
+    from harness.config import DTYPE_ALIASES
 
-    path = models.gguf_in_dtype(models.resolve_gguf(model), dtype, lambda m: _console().print(m))
+    try:  # the experiment's spellings (float16, fp32, ...) work here too
+        path = models.gguf_in_dtype(models.resolve_gguf(model), DTYPE_ALIASES.get(dtype.lower(), dtype),
+                                    lambda m: _console().print(m))
+    except ValueError as exc:
+        raise UsageError(f"--dtype: {exc}") from None
     _console().print(str(path))
 
 

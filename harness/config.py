@@ -267,6 +267,13 @@ class SharedContext(Strict):
     text: str | None = Field(None, min_length=1, description="the shared context; default: generated from `seed`")
     seed: int = Field(0, ge=0, description="seed of the generated context")
 
+    @field_validator("text")
+    @classmethod
+    def _has_words(cls, value: str | None) -> str | None:
+        if value is not None and not value.split():  # a context is cut at word boundaries: it needs words
+            raise ValueError("only whitespace; give text with words, or leave text out for a generated context")
+        return value
+
 
 class Experiment(Strict):
     """A validated experiment: what to run, how often, and with which engine options."""

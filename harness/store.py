@@ -168,6 +168,18 @@ def _refuse_newer(path: Path, table: pa.Table) -> None:
         )
 
 
+def readable(path: Path) -> pq.ParquetFile:
+    """A cell file opened for reading; a damaged one (empty, cut short by a full disk or a killed
+    copy) is an error naming it and what to do, never a traceback of every reader."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise HarnessError(
+            f"{path}: not a readable Parquet file ({exc}); it was cut short or emptied (a full disk, a killed "
+            "copy?). Move it out of cells/: its cell then counts as missing and the next run redoes it"
+        ) from None
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -385,7 +397,7 @@ class Store:
         tables = []
         for path in files:
             wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-            footer = pq.ParquetFile(path)
+            footer = readable(path)
             schema = footer.schema_arrow
             present = None if wanted is None else [c for c in wanted if c in schema.names]
             # text columns read as Parquet stores them, dictionary-encoded: a cell repeats its settings
@@ -432,7 +444,7 @@ class Store:
         for path in self.cell_files(cell_ids):
             if not remaining:
                 break
-            handle = pq.ParquetFile(path)
+            handle = readable(path)
             if key not in handle.schema_arrow.names:
                 continue
             keys = handle.read(columns=[key]).column(0)
@@ -463,7 +475,7 @@ class Store:
             path = self.cell_path(str(cell_id))
             if not path.is_file():
                 continue
-            handle = pq.ParquetFile(path)
+            handle = readable(path)
             if column not in handle.schema_arrow.names:
                 continue
             ids = handle.read(columns=["prompt_id", "repeat"])
@@ -479,4 +491,4 @@ class Store:
         return out
 
     def read_cell(self, cell_id: str, columns: list[str] | None = None) -> pd.DataFrame:
-        return pq.read_table(self.cell_path(cell_id), columns=columns).to_pandas()
+        return readable(self.cell_path(cell_id)).read(columns=columns).to_pandas()

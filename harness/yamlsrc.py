@@ -62,11 +62,18 @@ def _walk(node: yaml.Node, loc: Loc, out: dict[Loc, int]) -> None:
 def load(path: Path) -> Source:
     """Read a YAML file; a missing file or a syntax error becomes a ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a folder, not a YAML file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -74,6 +81,10 @@ def load(path: Path) -> Source:
         mark = exc.problem_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{line}: invalid YAML: {exc.problem}") from None
+    except yaml.YAMLError as exc:  # the reader's: a control character, a bad encoding mark
+        line = text[: getattr(exc, "position", 0)].count("\n") + 1
+        what = str(exc).splitlines()[0]
+        raise ConfigError(f"{path}:{line}: invalid YAML: {what}") from None
     lines: dict[Loc, int] = {}
     if node is not None:
         try:
