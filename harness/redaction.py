@@ -41,13 +41,11 @@ def redact_url(text: str) -> str:
         parts = urlsplit(text)
     except ValueError:
         return text
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, REDACTED if secret_name(k) else v) for k, v in pairs], safe="<>")
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if "@" not in parts.netloc and not any(secret_name(k) for k, _ in pairs):
+        return text  # nothing to hide: the URL as written (so ids of such options never change)
+    netloc = f"{REDACTED}@{parts.netloc.rsplit('@', 1)[1]}" if "@" in parts.netloc else parts.netloc
+    query = urlencode([(k, REDACTED if secret_name(k) else v) for k, v in pairs], safe="<>") if pairs else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
