@@ -90,6 +90,17 @@ def _include_settings(matrix: Matrix, options: dict[str, list[str]], entry: dict
     return out
 
 
+def load_label(spec: LoadSpec, others: list[LoadSpec]) -> str:
+    """How a log line names one engine load among `others`: engine and model, plus every other
+    setting that tells it apart ('llamacpp / smollm2-135m dtype=f32 batch_invariant=True')."""
+    fields = ("dtype", "gpu", "batch_invariant", "prefill_chunk", "kv_cache_dtype", "prefix_caching")
+    differ = [f for f in fields if len({getattr(o, f) for o in others}) > 1]
+    keys = sorted({k for o in others for k in o.options})
+    options = [k for k in keys if len({repr(redact(o.options.get(k), k)) for o in others}) > 1]
+    extra = [f"{f}={getattr(spec, f)}" for f in differ] + [f"{k}={redact(spec.options.get(k), k)}" for k in options]
+    return " ".join([f"{spec.engine} / {spec.model}"] + extra)
+
+
 def expand(loaded: LoadedExperiment) -> list[Cell]:
     """All cells, in run order (grouped by engine load), each once."""
     exp = loaded.experiment

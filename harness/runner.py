@@ -15,7 +15,7 @@ from harness import provenance
 from harness.config import LoadedExperiment
 from harness.engines import engine_class
 from harness.launch import launch
-from harness.matrix import Cell, Group, expand, group
+from harness.matrix import Cell, Group, expand, group, load_label
 from harness.redaction import scrub, secret_values
 from harness.results import ResultsFolder
 from harness.rows import RowMaker
@@ -97,7 +97,7 @@ class Runner:
             self.reporter.advance(per_cell)
 
     def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker, gpus: list[dict[str, str]],
-                   force: bool) -> None:
+                   force: bool, label: str = "") -> None:
         cls = engine_class(grp.spec.engine)
         reason, status = cls.refusal(grp.spec), "unsupported"
         if reason is None:
@@ -108,7 +108,7 @@ class Runner:
             return
         log_path = self.store.root / "logs" / f"{grp.id}.log"
         order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path),
-                          checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus))
+                          checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus), label=label)
         env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
         secrets = secret_values(grp.spec.options)
@@ -148,6 +148,6 @@ class Runner:
                 self.reporter.advance((len(pending) - len(now)) * per_cell)
                 pending = now
             if pending:
-                self._run_group(grp, pending, rows, gpus, force)
+                self._run_group(grp, pending, rows, gpus, force, load_label(grp.spec, [g.spec for g, _ in todo]))
                 self._account(pending, result)
         return result

@@ -45,6 +45,8 @@ class WorkOrder:
     force: bool = False
     #: the node's GPUs as the parent detected them (name, uuid, ...), to name the one a load used
     gpus: tuple[dict[str, str], ...] = ()
+    #: how the log names this load: what tells it apart from the run's other loads
+    label: str = ""
 
 
 class PipeReporter:
@@ -275,7 +277,7 @@ class GroupRunner:
         cells = self.order.cells
         per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
         spec = self.order.group.spec
-        self.reporter.log(f"loading {spec.engine} / {spec.model} / {spec.dtype}")
+        self.reporter.log(f"loading {self.order.label or f'{spec.engine} / {spec.model}'}")
         since = self._log_size()
         try:
             engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base_dir)

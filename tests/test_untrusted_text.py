@@ -66,3 +66,20 @@ def test_the_report_shows_html_comments_and_script_tags_as_text(tmp_path, browse
     shown = page.inner_text("#groups")
     assert "<!--" in shown and "<script>" in shown and "</script>" in shown and "[/INST]" in shown
     assert errors == []
+
+
+def test_loading_lines_name_what_tells_the_loads_apart():
+    from harness.engines.base import LoadSpec
+    from harness.matrix import load_label
+
+    def spec(**over):
+        base = dict(engine="llamacpp", model="smollm2-135m", dtype="auto", gpu="any", batch_invariant=False,
+                    options={"n_threads": 2})
+        return LoadSpec(**(base | over))
+
+    q4, f32 = spec(), spec(dtype="f32", options={"n_threads": 2, "flash_attn": "on"})
+    assert load_label(q4, [q4]) == "llamacpp / smollm2-135m"
+    assert load_label(f32, [q4, f32]) == "llamacpp / smollm2-135m dtype=f32 flash_attn=on"
+    assert load_label(q4, [q4, f32]) == "llamacpp / smollm2-135m dtype=auto flash_attn=None"
+    keyed = [spec(options={"api_key": "sk-1"}), spec(options={"api_key": "sk-2"})]
+    assert "sk-" not in load_label(keyed[0], keyed)  # a key never reaches a log line
