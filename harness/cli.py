@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from harness.errors import HarnessError, UsageError
-from harness.report.plain import PlainTable
+from harness.errors import HarnessError, UsageError, describe_os_error
+from harness.report.plain import PlainTable, wide_console
 
 app = typer.Typer(
     help=(
@@ -36,7 +36,7 @@ REFERENCE_HELP = (
 
 
 def _console() -> Console:
-    return Console(stderr=False, highlight=False, soft_wrap=True)
+    return wide_console()
 
 
 ALL_CELLS_HELP = (
@@ -66,7 +66,7 @@ def _results(folder: Path, all_cells: bool = False):
 def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False,
                results=None):
     """(per cell and prompt, slowdown, logit probes, answers) from a results folder (opened here unless
-    `results` is the folder already open); each also written as Parquet."""
+    `results` is the folder already open). Reading only: a read-only folder can be summarized."""
     from harness import answer_metrics, metrics
 
     results = results or _results(out, all_cells)
@@ -78,12 +78,18 @@ def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all
     cost = metrics.slowdown(rows, mixed)
     probes = metrics.probe_summary(rows)
     answers = answer_metrics.answer_summary(rows, results.answer_prompts(), ref)
-    summary.to_parquet(out / "summary.parquet", index=False)
-    cost.to_parquet(out / "slowdown.parquet", index=False)
-    for name, frame in (("probes", probes), ("answers", answers)):
-        if not frame.empty:
-            frame.to_parquet(out / f"{name}.parquet", index=False)
     return summary, cost, probes, answers
+
+
+def _save_summaries(out: Path, summary, cost, probes, answers) -> None:
+    """Write the summaries into the folder as Parquet (summary and slowdown always; probes and answers
+    where there are any), each renamed into place whole."""
+    from harness.store import Store
+
+    store = Store(out)
+    for name, frame in (("summary", summary), ("slowdown", cost), ("probes", probes), ("answers", answers)):
+        if name in ("summary", "slowdown") or not frame.empty:
+            store.atomic_write(out / f"{name}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
 
 
 def _print_summaries(console: Console, title: str, summary, cost, probes, answers) -> None:
@@ -120,7 +126,7 @@ def plan(
     console = _console()
     varying = [a for a in loaded.axes if len({str(c[a]) for c in cells}) > 1]
     fixed = [f"{a}={cells[0][a]}" for a in loaded.axes if a not in varying]
-    table = PlainTable(title=f"{exp.name}: {len(cells)} cells in {len(groups)} engine load(s)", title_justify="left")
+    table = PlainTable(title=f"{exp.name}: {len(cells)} cells in {len(groups)} engine load(s)")
     for col in ["load", "cell"] + varying:
         table.add_column(col)
     for gi, grp in enumerate(groups, 1):
@@ -214,12 +220,15 @@ def run(
     console.print(f"ran {len(result.ran)} cell(s) ({counts + ' rows' if counts else 'nothing new'}); "
                   f"{len(result.skipped_done)} already done")
     if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
-        try:  # the run's exit code is the run's: a summary that cannot be made is said, not fatal
-            _print_summaries(console, loaded.experiment.name, *_summaries(out, reference))
+        try:  # the run's exit code is the run's: a summary that cannot be made or saved is said, not fatal
+            frames = _summaries(out, reference)
+            _print_summaries(console, loaded.experiment.name, *frames)
+            _save_summaries(out, *frames)
             console.print(f"rows: {shown}/cells/*.parquet   summary: {shown}/summary.parquet")
-        except HarnessError as exc:
-            console.print(f"[yellow]no summary[/yellow]: {escape(str(exc))}; the rows are in {shown}/cells "
-                          f"(harness summarize {shown} with other options reads them)")
+        except (HarnessError, OSError) as exc:
+            why = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+            console.print(f"[yellow]no summary saved[/yellow]: {escape(why)}; the rows are in {shown}/cells "
+                          f"(harness summarize {shown} reads them)")
     if result.failed:
         console.print(
             f"[red]{len(result.failed)} cell(s) failed[/red]: their causes are in 'harness status {shown}'; "
@@ -264,17 +273,20 @@ def summarize(
     ),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    save: bool = typer.Option(False, "--save", help="Also write summary.parquet, slowdown.parquet (and probes, "
+                              "answers where there are any) into the results folder, as 'harness run' does."),
 ) -> None:
     """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence;
-    and, where cells differ only in batch_invariant, what the mode costs."""
-    if fmt not in ("table", "json", "csv"):
-        raise HarnessError(f"--format '{fmt}': allowed: table, json, csv")
-    if what not in ("cells", "slowdown", "probes", "answers", "splits"):
-        raise HarnessError(f"--what '{what}': allowed: cells, slowdown, probes, answers, splits")
+    and, where cells differ only in batch_invariant, what the mode costs. Reads only: the folder may be
+    read-only (unless --save)."""
+    _allowed("--format", fmt, ("table", "json", "csv"))
+    _allowed("--what", what, ("cells", "slowdown", "probes", "answers", "splits"))
     if what == "splits":
         _print_splits(results, fmt, all_cells)
         return
     summary, cost, probes, answers = _summaries(results, reference, allow_mixed, all_cells)
+    if save:
+        _save_summaries(results, summary, cost, probes, answers)
     frame = {"cells": summary, "slowdown": cost, "probes": probes, "answers": answers}[what]
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
@@ -341,6 +353,8 @@ def status(
         None, "--ids",
         help="Print only the ids of cells in these states (comma-separated: missing,failed,skipped,stale,...).",
     ),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json (every cell with its state, settings, "
+                            "error and checkpointed runs; for scripts and dashboards)."),
 ) -> None:
     """Which cells are done, failed, unsupported, skipped or missing, and which files are stale.
 
@@ -348,11 +362,14 @@ def status(
     not on the node) and 'missing' ones run again. Stale cells are files of an earlier version of
     the experiment: kept on disk, left out of every statistic unless --all-cells is given.
     """
+    import json
+
     from harness.config import load_experiment
     from harness.matrix import expand
     from harness.results import ResultsFolder
     from harness.status import cell_states
 
+    _allowed("--format", fmt, ("table", "json"))
     folder = ResultsFolder(results)
     if experiment is not None:
         cells = expand(load_experiment(experiment))
@@ -368,20 +385,26 @@ def status(
         picked = [s.cell.id for s in states if s.state in wanted] + (stale if "stale" in wanted else [])
         sys.stdout.write(",".join(picked) + "\n")
         return
-    console = _console()
     counts: dict[str, int] = {}
     for s in states:
         counts[s.state] = counts.get(s.state, 0) + 1
-    console.print(f"{results}: {len(states)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-                  + (f"; {len(stale)} stale cell file(s)" if stale else ""))
-    pending = [s for s in states if s.state != "done"]
     partial = folder.partial() if folder.has_manifest() else {}
+    if fmt == "json":
+        record = {"folder": str(results), "cells": len(states), "counts": counts, "stale": stale,
+                  "states": [{"cell_id": s.cell.id, "state": s.state, "settings": s.cell.as_dict, "error": s.error,
+                              "checkpointed_runs": partial.get(s.cell.id, 0)} for s in states]}
+        sys.stdout.write(json.dumps(record, indent=1, default=str) + "\n")
+        return
+    console = _console()
+    console.print(Text(f"{results}: {len(states)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                       + (f"; {len(stale)} stale cell file(s)" if stale else "")))
+    pending = [s for s in states if s.state != "done"]
     resumable = [s for s in pending if s.cell.id in partial]
     if resumable:
         console.print(f"{len(resumable)} unfinished cell(s) hold checkpoints "
                       f"({sum(partial[s.cell.id] for s in resumable)} run(s) kept); a rerun resumes inside them")
     if pending:
-        table = PlainTable(title="cells not done", title_justify="left")
+        table = PlainTable(title="cells not done")
         for col in ("cell", "state", "engine", "gpu", "batch", "dtype", "checkpointed", "error"):
             table.add_column(col)
         for s in pending:
@@ -391,11 +414,17 @@ def status(
                           kept, s.error[:80])
         console.print(table)
         if any(not s.done for s in pending):
-            console.print(f"rerun: harness run {results}   (or resubmit: harness submit FILE --scheduler ... "
-                          f"--cells $(harness status {results} --ids missing,failed,skipped))")
+            console.print(Text(f"rerun: harness run {results}   (or resubmit: harness submit FILE --scheduler ... "
+                               f"--cells $(harness status {results} --ids missing,failed,skipped))"))
     if stale:
         console.print(f"stale (not in the current experiment; left out unless --all-cells): {', '.join(stale[:20])}"
                       + (f" and {len(stale) - 20} more" if len(stale) > 20 else ""))
+
+
+def _allowed(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Refuse an option value outside `allowed` as bad input (exit 2), naming what is allowed."""
+    if value not in allowed:
+        raise UsageError(f"{option} '{value}': allowed: {', '.join(allowed)}")
 
 
 @app.command()
@@ -415,7 +444,7 @@ def merge(
     from harness.merge import merge_folders
 
     if any(a.strip() != "experiment" for item in allow_mixed for a in item.split(",")):
-        raise HarnessError(f"--allow-mixed {', '.join(allow_mixed)}: merge allows only 'experiment'")
+        raise UsageError(f"--allow-mixed {', '.join(allow_mixed)}: merge allows only 'experiment'")
     copied, kept = merge_folders(sources, out, allow_other_experiment=bool(allow_mixed))
     _console().print(f"{copied} cell(s) copied into {out}; {kept} already there")
 
@@ -442,9 +471,10 @@ def compare(
     from harness.config import option_axis
     from harness.metrics import KEY_COLUMNS, keys_of, parse_allow_mixed
 
+    _allowed("--format", fmt, ("table", "json", "csv"))
     for axis in ignore:
         if axis not in KEY_COLUMNS and option_axis(axis) is None:
-            raise HarnessError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}, or ENGINE.OPTION")
+            raise UsageError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}, or ENGINE.OPTION")
     result = run_compare(_results(a, all_cells), _results(b, all_cells), tuple(ignore), parse_allow_mixed(allow_mixed))
     if fmt == "json":
         sys.stdout.write(result.runs.to_json(orient="records", indent=1) + "\n")
@@ -457,7 +487,7 @@ def compare(
         console.print(f"[yellow]differs[/yellow] {what}: A {escape(in_a)} | B {escape(in_b)}")
     keys = keys_of(result.per_setting, drop=ignore)
     shown = [k for k in keys if result.per_setting[k].astype(str).nunique() > 1] or ["engine"]
-    table = PlainTable(title=f"prompts changed: {b} vs {a} (first repeat)", title_justify="left")
+    table = PlainTable(title=f"prompts changed: {b} vs {a} (first repeat)")
     for col in shown + ["prompts", "changed", "first divergence"]:
         table.add_column(col)
     for rec in result.per_setting.to_dict("records"):
@@ -529,8 +559,7 @@ def plot(
     from harness.report.html import REPORT_COLUMNS
 
     for f in fmt:
-        if f not in plotting.FORMATS:
-            raise HarnessError(f"--format '{f}': allowed: {', '.join(plotting.FORMATS)}")
+        _allowed("--format", f, tuple(plotting.FORMATS))
     store, ref = _results(results, all_cells), metrics.parse_reference(reference)
     mixed = metrics.parse_allow_mixed(allow_mixed)
     rows = store.read_rows(REPORT_COLUMNS, provenance_as_categories=True)
@@ -553,6 +582,8 @@ def check(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json ({passed, verdicts: [{rule, passed, "
+                            "detail}]} on stdout; the exit code is the same)."),
 ) -> None:
     """Gate CI on determinism and cost: exit 0 when every expectation holds, 1 when one fails, 2 on bad rules.
 
@@ -560,12 +591,15 @@ def check(
     runs, no paired timings), when a cell it selects never ran or was skipped (unless the rule says
     allow_missing: true), or when a run it selects failed (unless it says allow_failed: true).
     """
+    import json
+
     import pandas as pd
 
     from harness import gate
     from harness.config import load_expectations
     from harness.matrix import expand
 
+    _allowed("--format", fmt, ("table", "json"))
     rules = load_expectations(expect) if expect is not None else None
     opened = _results(results, all_cells)
     summary, cost, _, answers = _summaries(results, reference, allow_mixed, all_cells, opened)
@@ -577,12 +611,17 @@ def check(
     missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for e in opened.experiments for c in expand(e)
                             if c.id not in on_disk]).drop_duplicates("cell_id", ignore_index=True)
     verdicts = gate.evaluate(rules, summary, cost, answers, missing if not missing.empty else None)
-    table = PlainTable(title=f"{results}: expectations", title_justify="left")
-    for col in ("rule", "verdict", "detail"):
-        table.add_column(col)
-    for v in verdicts:
-        table.add_row(v.rule, Text("pass", style="green") if v.passed else Text("FAIL", style="red"), v.detail)
-    _console().print(table)
+    if fmt == "json":
+        record = {"folder": str(results), "passed": all(v.passed for v in verdicts),
+                  "verdicts": [{"rule": v.rule, "passed": v.passed, "detail": v.detail} for v in verdicts]}
+        sys.stdout.write(json.dumps(record, indent=1) + "\n")
+    else:
+        table = PlainTable(title=f"{results}: expectations")
+        for col in ("rule", "verdict", "detail"):
+            table.add_column(col)
+        for v in verdicts:
+            table.add_row(v.rule, Text("pass", style="green") if v.passed else Text("FAIL", style="red"), v.detail)
+        _console().print(table)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(gate.junit(verdicts, f"harness-check {results.name}"))
@@ -610,11 +649,9 @@ def doctor(
     from harness.config import load_experiment
     from harness.engines import ENGINE_NAMES
 
-    if fmt not in ("table", "json"):
-        raise HarnessError(f"--format '{fmt}': allowed: table, json")
+    _allowed("--format", fmt, ("table", "json"))
     for name in engine:
-        if name not in ENGINE_NAMES:
-            raise HarnessError(f"--engine '{name}': allowed: {', '.join(ENGINE_NAMES)}")
+        _allowed("--engine", name, tuple(ENGINE_NAMES))
     if experiment is not None:
         report = doc.check_experiment(load_experiment(experiment))
     else:
@@ -645,7 +682,7 @@ def models_list(ctx: typer.Context) -> None:
         return
     from harness import models
 
-    table = PlainTable(title="named models", title_justify="left")
+    table = PlainTable(title="named models")
     for col in ("name", "file", "size", "description"):
         table.add_column(col)
     for named in models.REGISTRY.values():
@@ -684,6 +721,10 @@ def main(argv: Optional[list[str]] = None) -> Any:
     except HarnessError as exc:
         Console(stderr=True, highlight=False).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a file that cannot be written or read: its path and cause, not a traceback
+        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {escape(describe_os_error(exc))}",
+                                                    soft_wrap=True)
+        sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

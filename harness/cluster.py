@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from harness.config import Cluster, GpuResources, LoadedExperiment
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UsageError
 from harness.matrix import Cell, expand, group
 from harness.selection import Selection, apply, units
 
@@ -138,7 +138,7 @@ def write_jobs(loaded: LoadedExperiment, out: Path, scheduler: str, cell_ids: li
 def render_jobs(loaded: LoadedExperiment, out: Path, scheduler: str, cell_ids: list[str] | None) -> list[ArrayJob]:
     """One array-job script per GPU type, as text with the path it goes to; nothing is written."""
     if scheduler not in SCHEDULERS:
-        raise HarnessError(f"--scheduler '{scheduler}': allowed: {', '.join(SCHEDULERS)}")
+        raise UsageError(f"--scheduler '{scheduler}': allowed: {', '.join(SCHEDULERS)}")
     cluster = loaded.experiment.cluster
     jobs_dir = (out / "jobs").resolve()
     logs = jobs_dir / "logs"

@@ -278,7 +278,7 @@ class SharedContext(Strict):
 class Experiment(Strict):
     """A validated experiment: what to run, how often, and with which engine options."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=yamlsrc.NAME_PATTERN)
     description: str = ""
     prompts: str | list[str] | list[PromptItem]
     parse: ParseRule | None = Field(default=None, description="inline prompts: the rule for those that give none")

@@ -94,7 +94,14 @@ def _probe(code: str, timeout_s: float) -> dict[str, Any]:
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         return {"error": tail[:300]}
-    return json.loads(lines[-1])
+    for line in reversed(lines):  # a library may print lines of its own that look like JSON
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(answer, dict):
+            return answer
+    return {"error": f"the probe's answer is not JSON: {lines[-1][:200]!r}"}
 
 
 def backends(system_info: str) -> list[str]:

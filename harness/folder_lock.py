@@ -94,8 +94,12 @@ def exclusive(path: Path, wait_s: float = WAIT_AT_MOST_S, stale_s: float = STALE
         except OSError as exc:
             raise HarnessError(f"{path}: cannot create the folder's lock file ({exc.strerror}); "
                                "the results folder must be writable") from None
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(token)
+        except OSError:  # a full disk: an empty lock left here would hold every writer up until it is stale
+            path.unlink(missing_ok=True)
+            raise
         break
     try:
         yield

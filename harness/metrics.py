@@ -160,7 +160,7 @@ def parse_allow_mixed(items: Iterable[str]) -> frozenset[str]:
         for name in item.split(","):
             name = name.strip()
             if name not in MIXABLE:
-                raise HarnessError(f"--allow-mixed '{name}': allowed: {', '.join(MIXABLE)}")
+                raise UsageError(f"--allow-mixed '{name}': allowed: {', '.join(MIXABLE)}")
             out.add(name)
     return frozenset(out)
 

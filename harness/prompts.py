@@ -74,7 +74,7 @@ class PromptItem(BaseModel):
     """One prompt as written in a file or inline: an id, its text, optionally its answer and parse rule."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    id: str = Field(min_length=1, pattern=yamlsrc.NAME_PATTERN)
     text: str = Field(min_length=1)
     answer: str | int | float | None = None
     parse: ParseRule | None = None
@@ -99,9 +99,13 @@ class _PromptFile(BaseModel):
 def load_prompt_set(ref: str, base: Path, where: str) -> PromptSet:
     """Load a prompt file; `ref` is relative to the experiment file's folder."""
     path = (base / ref).resolve()
+    if path.is_dir():
+        raise ConfigError(f"{where}: prompts: {path} is a folder; name a prompt file (YAML)")
     if not path.is_file():
         raise ConfigError(f"{where}: prompts: file not found: {path}")
     source = yamlsrc.load(path)
+    if not isinstance(source.data, dict):
+        raise ConfigError(f"{path}: expected a mapping with 'prompts' (a list of {{id, text}}) and 'fillers'")
     try:
         parsed = _PromptFile.model_validate(source.data)
     except ValidationError as exc:

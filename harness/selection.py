@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.errors import HarnessError, UsageError
+from harness.errors import UsageError
 from harness.matrix import Cell, Group
 
 
@@ -32,7 +32,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     except ValueError:
         i, n = -1, 0
     if not sep or n < 1 or not 0 <= i < n:
-        raise HarnessError(f"--shard '{text}': expected I/N with 0 <= I < N, e.g. 0/4")
+        raise UsageError(f"--shard '{text}': expected I/N with 0 <= I < N, e.g. 0/4")
     return i, n
 
 

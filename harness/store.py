@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: those files were run with).
 SCHEMA_VERSION = 6
 
-#: The row contract (README "Rows"). Order here is the column order on disk.
+#: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
     [
         # identity
@@ -168,16 +168,25 @@ def _refuse_newer(path: Path, table: pa.Table) -> None:
         )
 
 
+#: columns every cell file has, whatever its schema version: a file without them is not one
+CELL_FILE_COLUMNS = ("cell_id", "prompt_id", "repeat", "status")
+
+
 def readable(path: Path) -> pq.ParquetFile:
     """A cell file opened for reading; a damaged one (empty, cut short by a full disk or a killed
     copy) is an error naming it and what to do, never a traceback of every reader."""
     try:
-        return pq.ParquetFile(path)
+        handle = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise HarnessError(
             f"{path}: not a readable Parquet file ({exc}); it was cut short or emptied (a full disk, a killed "
             "copy?). Move it out of cells/: its cell then counts as missing and the next run redoes it"
         ) from None
+    lacking = [c for c in CELL_FILE_COLUMNS if c not in handle.schema_arrow.names]
+    if lacking:
+        raise HarnessError(f"{path}: a Parquet file, but not a cell file of this harness (no {', '.join(lacking)} "
+                           "column); move it out of cells/")
+    return handle
 
 
 def _mtime(path: Path) -> float:
@@ -282,10 +291,14 @@ class Store:
         """Write through a temporary file named for this writer, then rename into place."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{writer_tag()}.tmp")
-        write(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        try:
+            write(tmp)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:  # a full disk, a kill: no half-written file is left behind
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def write_cell(self, cell_id: str, rows: list[dict[str, Any]], landing: dict[str, Any] | None = None) -> Path:

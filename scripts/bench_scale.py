@@ -248,7 +248,7 @@ def main() -> int:
             print(f"\n{total} rows in {len(list((folder / 'cells').glob('*.parquet')))} cells ({size:.0f} MiB on disk)")
             print(f"{'command':<34} {'wall s':>7} {'peak MiB':>9}  result")
             commands = {
-                "summarize": ["summarize", str(folder)],
+                "summarize": ["summarize", str(folder), "--save"],
                 "check": ["check", str(folder)],
                 "status": ["status", str(folder)],
                 "compare (folder with itself)": ["compare", str(folder), str(folder)],

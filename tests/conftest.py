@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -163,3 +164,25 @@ def browser():
         b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b
         b.close()
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """`path` made read-only for real while the block runs: root ignores file modes, so as root the
+    folder is bind-mounted read-only onto itself; other users get its write bits removed."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
+        for p in modes:
+            p.chmod(modes[p] & ~0o222)
+        try:
+            yield path
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -111,3 +111,14 @@ def test_real_vllm_probe_says_batch_invariant_mode_cannot_run_on_this_cpu(tmp_pa
     assert done.returncode == 1, done.stdout + done.stderr
     assert "vllm: vllm " in done.stdout and "on platform cpu" in done.stdout
     assert "MISSING vllm batch-invariant: needs a CUDA GPU of compute capability 8.0 or more" in done.stdout
+
+
+@pytest.mark.parametrize(("printed", "says"), [
+    ('print("{cut short"); import sys; sys.stdout.flush()', "the probe's answer is not JSON: '{cut short'"),
+    ('print(\'{"version": "1"}\'); print("{noise from a library")', None),
+    ('import sys; sys.exit(3)', "exit code 3"),
+    ('raise SystemExit("engine crashed on import")', "engine crashed on import"),
+])
+def test_a_probe_that_answers_badly_is_a_finding_not_a_traceback(printed, says):
+    answer = doctor._probe(printed, timeout_s=30)
+    assert answer == ({"version": "1"} if says is None else {"error": says}), answer

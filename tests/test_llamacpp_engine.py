@@ -130,9 +130,11 @@ def test_cli_summarize_formats(results):
                 "first_divergence_min", "first_divergence_median", "divergence_rate_upper95",
                 "tokens_per_s_median"):
         assert key in data[0]
-    csv = subprocess.run(cmd + ["--format", "csv", "-r", "seed=1"], capture_output=True, text=True, check=True).stdout
+    assert not (out / "summary.parquet").exists()  # reading writes nothing into the folder
+    csv = subprocess.run(cmd + ["--format", "csv", "-r", "seed=1", "--save"], capture_output=True, text=True,
+                         check=True).stdout
     assert csv.splitlines()[0].startswith("model,engine,dtype")
-    assert (out / "summary.parquet").is_file()
+    assert len(pd.read_parquet(out / "summary.parquet")) == 8 * 2
 
 
 RESUME = """

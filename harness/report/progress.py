@@ -13,6 +13,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from harness.report.plain import shown
+
 
 class RichReporter:
     """Runner reporter that draws a progress bar; log lines print above it."""
@@ -47,4 +49,4 @@ class RichReporter:
             self.progress.advance(self.task, n)
 
     def log(self, message: str) -> None:
-        self.progress.console.print(Text(message, style="dim"))  # engine and error text, never markup
+        self.progress.console.print(Text(shown(message), style="dim"))  # engine and error text, never markup

@@ -12,7 +12,15 @@ from harness.report.plain import PlainTable
 
 from harness.metrics import keys_of
 
-SHORT = {"batch_size": "batch", "batch_invariant": "b-inv", "temperature": "temp"}
+#: column names of axes shortened in tables; a table that uses one says so in its legend
+SHORT = {"batch_size": "batch", "batch_invariant": "b-inv", "temperature": "temp", "prefix_cache": "pcache",
+         "context_tokens": "ctx", "prefill_chunk": "chunk", "kv_cache_dtype": "kv", "prompt_id": "prompt"}
+
+
+def legend(columns: list[str]) -> str:
+    """The shortened axis names among `columns`, spelled out (empty when none is shortened)."""
+    used = [f"{SHORT[c]} = {c}" for c in columns if c in SHORT and c != "prompt_id"]
+    return ("columns: " + ", ".join(used)) if used else ""
 
 
 def _fmt(value: object, kind: str = "") -> str:
@@ -97,18 +105,20 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
     """Per cell and prompt; past `limit` records only the notable ones show, and the caption says so
     (a terminal table of thousands of lines is read by no one and takes seconds to draw)."""
     varying = _varying(summary)
-    table = PlainTable(title=title, title_justify="left", caption_justify="left")
+    table = PlainTable(title=title)
     shown = shown_records(summary, limit)
+    notes = [legend(varying)]
     if len(shown) < len(summary):
-        table.caption = (f"{len(shown)} of {len(summary)} records shown: those where runs differ, fail or have no "
-                         "reference first; every record is in summary.parquet (or --format csv)")
+        notes.append(f"{len(shown)} of {len(summary)} records shown: those where runs differ, fail or have no "
+                     "reference first; every record: --format csv (or summary.parquet, from run or summarize --save)")
+    table.caption = "\n".join(n for n in notes if n) or None
     for col in varying + ["prompt_id"]:
-        table.add_column(SHORT.get(col, col).replace("prompt_id", "prompt"))
+        table.add_column(SHORT.get(col, col))
     extra = [(name, col, kind) for name, col, kind in (
-        ("lp bitwise", "logprobs_identical", "pct"), ("lp diff@", "logprob_first_diff_min", "int"),
+        ("lp\nbitwise", "logprobs_identical", "pct"), ("lp\ndiff@", "logprob_first_diff_min", "int"),
         ("cached", "cached_tokens_median", "int"),
     ) if col in summary and summary[col].notna().any() and (col != "cached_tokens_median" or summary[col].fillna(0).gt(0).any())]
-    for name in ("status", "runs", "unique", "match", "diverge@ min/med", "upper95") + tuple(e[0] for e in extra) + ("tok/s",):
+    for name in ("status", "runs", "unique", "match", "diverge@\nmin/med", "upper95") + tuple(e[0] for e in extra) + ("tok/s",):
         table.add_column(name, justify="right" if name != "status" else "left")
     for rec in shown.to_dict("records"):
         status = rec["status"]
@@ -133,7 +143,7 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
 
 def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
     varying = [c for c in keys_of(cost, drop=["batch_invariant"]) if c in cost and cost[c].astype(str).nunique() > 1]
-    table = PlainTable(title=title, title_justify="left")
+    table = PlainTable(title=title, caption=legend(varying) or None)
     for col in varying + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
         table.add_column(SHORT.get(col, col), justify="right")
     for rec in cost.to_dict("records"):
@@ -151,7 +161,7 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
 def _per_setting(frame: pd.DataFrame, title: str, headers: list[str]) -> tuple[Table, list[str]]:
     """A table with one row per setting: the axes that vary in `frame`, then `headers`."""
     varying = [c for c in keys_of(frame) if c in frame and frame[c].astype(str).nunique() > 1] or ["engine"]
-    table = PlainTable(title=title, title_justify="left")
+    table = PlainTable(title=title, caption=legend(varying) or None)
     for col in varying + headers:
         table.add_column(SHORT.get(col, col), justify="right")
     return table, varying
@@ -198,7 +208,7 @@ def answer_table(answers: pd.DataFrame, title: str) -> Table:
 
 def split_table(frame: pd.DataFrame, title: str) -> Table:
     """The split trees: one line per branch, indented by depth, runs and distinct outputs per branch."""
-    table = PlainTable(title=title, title_justify="left")
+    table = PlainTable(title=title)
     for col in ("cell", "prompt", "at token", "branch", "runs", "unique", "share"):
         table.add_column(col, justify="right" if col in ("at token", "runs", "unique", "share") else "left")
     for (cell, prompt), part in frame.groupby(["cell_id", "prompt_id"], sort=False):
