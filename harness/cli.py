@@ -116,9 +116,10 @@ def plan(
 ) -> None:
     """Show the cells an experiment expands to and how they share engine loads; runs nothing."""
     from harness.config import load_experiment
-    from harness.matrix import expand, group
+    from harness.matrix import expand, group, refuse_ignored
 
     loaded = load_experiment(experiment)
+    refuse_ignored(loaded)
     cells = expand(loaded)
     groups = group(cells)
     exp = loaded.experiment
@@ -246,12 +247,17 @@ def run(
 def _before_running(loaded: Any, selection: Any, reference: list[str]) -> None:
     """Refuse a selection that names unknown cells or selects nothing, and a reference that cannot be
     parsed, before the results folder is touched or an engine loads (not after the GPU hours)."""
-    from harness.matrix import expand, group
+    from harness.config import option_axis
+    from harness.matrix import expand, group, refuse_ignored
     from harness.metrics import parse_reference
     from harness.selection import apply
 
+    refuse_ignored(loaded)
     apply(group(expand(loaded)), selection)
-    parse_reference(reference)
+    unswept = [a for a in parse_reference(reference) if option_axis(a) and a not in loaded.option_axes]
+    if unswept:  # the summary after the run would make every cell its own reference
+        raise UsageError(f"--reference {unswept[0]}: the experiment does not sweep {unswept[0]}; swept engine "
+                         f"options: {', '.join(loaded.option_axes) or 'none'}")
 
 
 def _parse_where(items: list[str]) -> dict[str, Any]:
@@ -325,9 +331,11 @@ def submit(
     """Submit the experiment as array jobs: one job per GPU type, one array task per shard."""
     from harness import cluster
     from harness.config import load_experiment
+    from harness.matrix import refuse_ignored
     from harness.results import ResultsFolder
 
     loaded = load_experiment(experiment)
+    refuse_ignored(loaded)
     out = out or Path("results") / loaded.experiment.name
     ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
     console = _console()
@@ -404,14 +412,17 @@ def status(
         console.print(f"{len(resumable)} unfinished cell(s) hold checkpoints "
                       f"({sum(partial[s.cell.id] for s in resumable)} run(s) kept); a rerun resumes inside them")
     if pending:
+        from harness.axes import shown_name
+
+        # the settings that tell the experiment's cells apart (every axis and swept option that varies)
+        varying = [a for a in cells[0].as_dict if len({str(c[a]) for c in cells}) > 1] or ["engine"]
         table = PlainTable(title="cells not done")
-        for col in ("cell", "state", "engine", "gpu", "batch", "dtype", "checkpointed", "error"):
+        for col in ("cell", "state", *map(shown_name, varying), "checkpointed", "error"):
             table.add_column(col)
         for s in pending:
             c = s.cell
             kept = str(partial[c.id]) if c.id in partial else ""
-            table.add_row(c.id, s.state, str(c["engine"]), str(c["gpu"]), str(c["batch_size"]), str(c["dtype"]),
-                          kept, s.error[:80])
+            table.add_row(c.id, s.state, *[str(c[a]) for a in varying], kept, s.error[:80])
         console.print(table)
         if any(not s.done for s in pending):
             console.print(Text(f"rerun: harness run {results}   (or resubmit: harness submit FILE --scheduler ... "
@@ -701,7 +712,7 @@ def models_export(
 ) -> None:
     """Write the same weights as a GGUF in another dtype (used by the dtype axis of llamacpp)."""
     from harness import models
-    from harness.config import DTYPE_ALIASES
+    from harness.axes import DTYPE_ALIASES
 
     try:  # the experiment's spellings (float16, fp32, ...) work here too
         path = models.gguf_in_dtype(models.resolve_gguf(model), DTYPE_ALIASES.get(dtype.lower(), dtype),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, create_model, field_validator
 
 from harness import yamlsrc
+from harness.axes import _REQUIRED, AXES, AXES_DECLARED, BY_NAME
 from harness.engines import ENGINE_NAMES, options_model
 from harness.errors import ConfigError
 from harness.redaction import redact
@@ -21,55 +22,6 @@ from harness.prompts import (
     merge_prompt_sets,
     prompt_set_from_inline,
 )
-
-#: Matrix axes, in display order. Row columns holding settings carry exactly these names.
-AXES: tuple[str, ...] = (
-    "model",
-    "engine",
-    "dtype",
-    "gpu",
-    "batch_invariant",
-    "batch_size",
-    "seed",
-    "temperature",
-    "top_p",
-    "top_k",
-    "prefix_cache",
-    "context_tokens",
-    "prefill_chunk",
-    "kv_cache_dtype",
-)
-
-#: Axes added after results existed: a cell at their default keeps the id it had before them.
-LATER_AXES_DEFAULTS: dict[str, Any] = {"prefix_cache": "off", "context_tokens": 0, "prefill_chunk": "auto",
-                                       "kv_cache_dtype": "auto"}
-PREFIX_CACHE_MODES = ("off", "cold", "warm")
-KV_CACHE_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "fp8")
-
-DTYPE_ALIASES = {
-    "auto": "auto",
-    "f32": "f32",
-    "float32": "f32",
-    "fp32": "f32",
-    "f16": "f16",
-    "float16": "f16",
-    "fp16": "f16",
-    "half": "f16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-}
-
-
-#: axis -> (test, what is allowed) for numeric axes
-_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "batch_size": (lambda v: 1 <= v <= 1024, "1 to 1024"),
-    "temperature": (lambda v: v >= 0, "0 (greedy) or more"),
-    "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"),
-    "top_k": (lambda v: v >= 0, "0 (off) or more"),
-    "seed": (lambda v: 0 <= v < 2**32, "0 to 2**32-1"),
-    "context_tokens": (lambda v: 0 <= v <= 1_048_576, "0 (no shared context) to 1048576"),
-}
-
 
 def option_axis(name: str) -> tuple[str, str] | None:
     """'ENGINE.OPTION' -> (engine, option) when it names a known engine; None for other names."""
@@ -108,99 +60,34 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
 
-class Matrix(Strict):
-    """Each axis is a list of values (a single value is read as a one-item list)."""
-
-    model: list[str] = Field(min_length=1)
-    engine: list[str] = Field(default=["llamacpp"], min_length=1)
-    dtype: list[str] = Field(default=["auto"], min_length=1)
-    gpu: list[str] = Field(default=["any"], min_length=1)
-    batch_invariant: list[bool] = Field(default=[False], min_length=1)
-    batch_size: list[int] = Field(default=[1], min_length=1)
-    seed: list[int] = Field(default=[0], min_length=1)
-    temperature: list[float] = Field(default=[0.0], min_length=1)
-    top_p: list[float] = Field(default=[1.0], min_length=1)
-    top_k: list[int] = Field(default=[0], min_length=1)
-    prefix_cache: list[str] = Field(default=["off"], min_length=1)
-    context_tokens: list[int] = Field(default=[0], min_length=1)
-    prefill_chunk: list[str] = Field(default=["auto"], min_length=1)
-    kv_cache_dtype: list[str] = Field(default=["auto"], min_length=1)
+class _MatrixRules(Strict):
+    """Each axis is a list of values (a single value is read as a one-item list); each value is
+    checked by its axis's declaration in harness.axes."""
 
     @field_validator("*", mode="before")
     @classmethod
-    def _wrap(cls, value: Any) -> Any:
-        return _as_list(value)
-
-    @field_validator("prefix_cache", "kv_cache_dtype", mode="before")
-    @classmethod
-    def _named(cls, values: Any, info: ValidationInfo) -> list[str]:
-        allowed = PREFIX_CACHE_MODES if info.field_name == "prefix_cache" else KV_CACHE_DTYPES
-        out = []
-        for value in _as_list(values):
-            text = str(value).lower() if not isinstance(value, bool) else ("on" if value else "off")
-            if text not in allowed:
-                raise ValueError(f"{info.field_name} '{value}' is not known; allowed: {', '.join(allowed)}")
-            out.append(text)
-        return out
-
-    @field_validator("prefill_chunk", mode="before")
-    @classmethod
-    def _chunk(cls, values: Any) -> list[str]:
-        out = []
-        for value in _as_list(values):
-            text = str(value).strip().lower()
-            if text != "auto" and not (text.isdigit() and int(text) >= 1):
-                raise ValueError(f"prefill_chunk '{value}': allowed: auto (the engine's default) or tokens per "
-                                 "prefill step, a whole number >= 1")
-            out.append(text if text == "auto" else str(int(text)))
-        return out
-
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, values: list[str]) -> list[str]:
-        for value in values:
-            if value not in ENGINE_NAMES:
-                raise ValueError(f"unknown engine '{value}'; allowed: {', '.join(ENGINE_NAMES)}")
-        return values
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, values: list[str]) -> list[str]:
-        out = []
-        for value in values:
-            canonical = DTYPE_ALIASES.get(str(value).lower())
-            if canonical is None:
-                allowed = ", ".join(sorted(set(DTYPE_ALIASES.values())))
-                raise ValueError(f"unknown dtype '{value}'; allowed: {allowed}")
-            out.append(canonical)
-        return out
-
-    @field_validator("batch_size", "temperature", "top_p", "top_k", "seed", "context_tokens", mode="before")
-    @classmethod
-    def _numbers(cls, values: Any, info: ValidationInfo) -> list[Any]:
-        """YAML reads yes/no/true/false as booleans, which are ints to Python: refuse them here."""
-        for value in _as_list(values):
+    def _declared_before(cls, values: Any, info: ValidationInfo) -> list[Any]:
+        axis = BY_NAME[info.field_name]
+        values = _as_list(values)
+        for value in values if axis.numeric else ():  # YAML reads yes/no/true/false as booleans, ints to Python
             if isinstance(value, bool):
-                raise ValueError(f"{info.field_name} {str(value).lower()}: a true/false value where a number belongs; "
-                                 f"allowed: {_RANGES[info.field_name][1]}")
-        return _as_list(values)
+                raise ValueError(f"{axis.name} {str(value).lower()}: a true/false value where a number belongs; "
+                                 f"allowed: {axis.allowed}")
+        return [axis.before(v) for v in values] if axis.before else values
 
-    @field_validator("batch_size", "temperature", "top_p", "top_k", "seed", "context_tokens")
+    @field_validator("*")
     @classmethod
-    def _in_range(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
-        ok, allowed = _RANGES[info.field_name]
-        for value in values:
-            if not ok(value):
-                raise ValueError(f"{info.field_name} {value} is out of range; allowed: {allowed}")
-        return values
+    def _declared(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
+        axis = BY_NAME[info.field_name]
+        return [axis.check(v) for v in values] if axis.check else values
 
-    @field_validator("gpu", "model")
-    @classmethod
-    def _non_empty(cls, values: list[str]) -> list[str]:
-        for value in values:
-            if not str(value).strip():
-                raise ValueError("empty name; give a model name or path / a GPU type, 'any' or 'cpu'")
-        return values
+
+#: the matrix section of an experiment: one list-valued field per declared axis
+Matrix = create_model(
+    "Matrix", __base__=_MatrixRules,
+    **{a.name: (list[a.type], Field(min_length=1) if a.default is _REQUIRED else Field(default=[a.default], min_length=1))
+       for a in AXES_DECLARED},
+)
 
 
 class GpuResources(Strict):

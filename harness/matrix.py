@@ -8,13 +8,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config import AXES, LATER_AXES_DEFAULTS, LoadedExperiment, Matrix, option_axis, option_value
+from harness import yamlsrc
+from harness.axes import AXES, LATER_AXES_DEFAULTS, LOAD_AXES
+from harness.config import LoadedExperiment, Matrix, option_axis, option_value
+from harness.engines import engine_class
 from harness.engines.base import LoadSpec, Sampling
 from harness.errors import ConfigError
 from harness.redaction import redact
 
-#: Axes that need a new engine load when they change (the rest vary inside one engine).
-LOAD_AXES: tuple[str, ...] = ("engine", "model", "dtype", "gpu", "batch_invariant", "prefill_chunk", "kv_cache_dtype")
 
 
 def _digest(payload: dict[str, Any], size: int = 12) -> str:
@@ -164,3 +165,24 @@ def group(cells: list[Cell]) -> list[Group]:
         members = sorted(members, key=lambda c: (c["batch_size"], c["context_tokens"], c["seed"], c["temperature"]))
         groups.append(Group(group_id, members[0].load_spec(), tuple(members)))
     return groups
+
+
+def refuse_ignored(loaded: LoadedExperiment) -> None:
+    """Refuse a cell whose engine would run it without applying one of its settings (Engine.ignores):
+    it would differ from its neighbours only in its label, and look like a measurement of that setting.
+    Checked when an experiment file is planned, run or submitted (a folder's snapshot ran already)."""
+    source = yamlsrc.load(loaded.path) if loaded.path.suffix in (".yaml", ".yml") else None
+    if source is None:
+        return
+    seen: set[tuple[str, str, str]] = set()
+    for cell in expand(loaded):
+        engine = cell["engine"]
+        for axis, value in cell.as_dict.items():
+            if (engine, axis, str(value)) in seen:
+                continue
+            seen.add((engine, axis, str(value)))
+            why = engine_class(engine).ignores(axis, value, loaded.engine_options.get(engine, {}))
+            if why:
+                loc = ("matrix", axis) if axis in source.data.get("matrix", {}) else ("include",)
+                raise ConfigError(f"{source.where(loc)}: {axis} {value} with engine {engine}: {why}; such cells "
+                                  "would differ from the others only in their label (exclude them, or drop the value)")

@@ -265,6 +265,10 @@ def against_reference(
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
     keys = keys_of(rows)
+    unswept = [a for a in reference if a not in keys]
+    if unswept:  # every cell would be its own reference and every run would match
+        raise UsageError(f"--reference {unswept[0]}={reference[unswept[0]]}: these results do not sweep "
+                         f"{unswept[0]}; swept engine options here: {', '.join(option_columns(rows)) or 'none'}")
     ok = rows[rows["status"] == "ok"].copy()
     first = ok[ok["repeat"] == 0]
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])

@@ -124,8 +124,9 @@ def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:
     target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-{dtype}.gguf"
     if target.is_file():
         return target
+    _require("gguf", f"writing a {dtype} copy of {source.name}", "llamacpp")
     log(f"writing {dtype} copy of {source.name} to {target} (once; later runs reuse it)")
-    from harness.gguf_convert import convert  # needs the optional 'gguf' package
+    from harness.gguf_convert import convert
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".tmp{os.getpid()}")
@@ -137,6 +138,15 @@ def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:
     return target
 
 
+def _require(package: str, why: str, extra: str) -> None:
+    """An optional package that a step needs: its absence is said with how to install it."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        raise HarnessError(f"{why} needs the Python package '{package}', which is not installed here: "
+                           f"pip install {package} (or pip install -e '.[{extra}]')") from None
+
+
 def hf_export(source: Path, log: Log) -> Path:
     """A Hugging Face folder (float32 safetensors, tokenizer, chat template) made from a GGUF.
 
@@ -146,8 +156,10 @@ def hf_export(source: Path, log: Log) -> Path:
     target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-hf"
     if (target / "config.json").is_file():
         return target
+    for package in ("gguf", "transformers"):
+        _require(package, f"exporting {source.name} for vLLM", "vllm")
     log(f"exporting {source.name} to a Hugging Face folder at {target} (once; about 30 s)")
-    from harness.hf_convert import export  # needs the optional 'transformers' package
+    from harness.hf_convert import export
 
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     export(source, tmp)

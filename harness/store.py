@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import harness
+from harness.axes import AXES_DECLARED
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` starts faster
@@ -41,21 +42,8 @@ ROW_SCHEMA = pa.schema(
         ("repeat", pa.int32()),
         ("batch_position", pa.int32()),
         ("filler_ids", pa.list_(pa.string())),
-        # settings (named exactly like the matrix axes)
-        ("model", pa.string()),
-        ("engine", pa.string()),
-        ("dtype", pa.string()),
-        ("gpu", pa.string()),
-        ("batch_invariant", pa.bool_()),
-        ("batch_size", pa.int32()),
-        ("seed", pa.int64()),
-        ("temperature", pa.float64()),
-        ("top_p", pa.float64()),
-        ("top_k", pa.int32()),
-        ("prefix_cache", pa.string()),
-        ("context_tokens", pa.int32()),
-        ("prefill_chunk", pa.string()),
-        ("kv_cache_dtype", pa.string()),
+        # settings: one column per declared axis (harness.axes), named and typed by it
+        *[(axis.name, axis.arrow) for axis in AXES_DECLARED],
         ("max_tokens", pa.int32()),
         ("engine_options", pa.string()),
         ("model_file", pa.string()),
@@ -221,7 +209,7 @@ def _writer_gone(tmp: Path) -> bool:
 
 def _with_later_axes(table: pa.Table, wanted: list[str] | None) -> pa.Table:
     """A file written before an axis existed was run at that axis's default: say so in its rows."""
-    from harness.config import LATER_AXES_DEFAULTS
+    from harness.axes import LATER_AXES_DEFAULTS
 
     for name, default in LATER_AXES_DEFAULTS.items():
         if name not in table.column_names and (wanted is None or name in wanted):

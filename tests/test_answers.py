@@ -8,7 +8,8 @@ import pytest
 
 from harness import answer_metrics, answers
 from harness.answers import ParseRule
-from harness.config import LATER_AXES_DEFAULTS, load_experiment
+from harness.axes import LATER_AXES_DEFAULTS
+from harness.config import load_experiment
 from harness.errors import ConfigError
 from harness.store import SCHEMA_VERSION
 

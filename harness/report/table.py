@@ -8,13 +8,13 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
+from harness.axes import SHORT as AXIS_SHORT
 from harness.report.plain import PlainTable
 
 from harness.metrics import keys_of
 
-#: column names of axes shortened in tables; a table that uses one says so in its legend
-SHORT = {"batch_size": "batch", "batch_invariant": "b-inv", "temperature": "temp", "prefix_cache": "pcache",
-         "context_tokens": "ctx", "prefill_chunk": "chunk", "kv_cache_dtype": "kv", "prompt_id": "prompt"}
+#: column names shortened in tables (the axes' own short names, harness.axes)
+SHORT = {**AXIS_SHORT, "prompt_id": "prompt"}
 
 
 def legend(columns: list[str]) -> str:

@@ -90,49 +90,73 @@
     axisTicks(s, left, right, y, 1, (v) => `${Math.round(v * 100)}%`, 4);
     return chartBox("Runs identical to the reference", `Coloured: identical to the reference (${DATA.meta.reference}); pale red: departed.`, s);
   }
+  // One legend entry per setting (series · batch): colour swatch and label, below a chart.
+  function legend(s, names, y) {
+    names.forEach((name, i) => {
+      const x = 40 + (i % 2) * 320, yy = y + Math.floor(i / 2) * 16;
+      s.append(svg("rect", { x, y: yy - 9, width: 10, height: 10, fill: PALETTE[i % PALETTE.length] }),
+        svg("text", { x: x + 14, y: yy }, name));
+    });
+    return y + Math.ceil(names.length / 2) * 16;
+  }
+  const settingOf = (r) => `${r.series} · batch ${r.batch_size}`;
   function histogram(recs) {
     if (!recs.length) return chartBox("Where runs first depart", null, el("p", { class: "empty", text: "No run departed from its reference." }));
+    const names = [...new Set(recs.map(settingOf))];
     const max = Math.max(...recs.map((r) => r.first_divergence)) + 1, total = recs.reduce((n, r) => n + r.runs, 0);
-    const bins = Math.min(24, max), width = Math.ceil(max / bins), counts = new Array(Math.ceil(max / width)).fill(0);
-    recs.forEach((r) => { counts[Math.floor(r.first_divergence / width)] += r.runs; });
-    const left = 40, right = 660, base = 170, top = 10, peak = Math.max(...counts);
-    const s = svg("svg", { viewBox: "0 0 680 200", role: "img", "aria-label": "first divergence histogram" });
-    const bw = (right - left) / counts.length;
+    const bins = Math.min(24, max), width = Math.ceil(max / bins), nbins = Math.ceil(max / width);
+    // counts[bin][setting]: the bars stack one colour per setting, so no setting hides in another's bar
+    const counts = Array.from({ length: nbins }, () => new Array(names.length).fill(0));
+    recs.forEach((r) => { counts[Math.floor(r.first_divergence / width)][names.indexOf(settingOf(r))] += r.runs; });
+    const left = 40, right = 660, base = 170, top = 10, peak = Math.max(...counts.map((c) => c.reduce((a, b) => a + b, 0)));
+    const h = base + 30 + Math.ceil(names.length / 2) * 16;
+    const s = svg("svg", { viewBox: `0 0 680 ${h}`, role: "img", "aria-label": "first divergence histogram" });
+    const bw = (right - left) / nbins;
     counts.forEach((c, i) => {
-      const hgt = ((base - top) * c) / peak;
-      s.append(svg("rect", { x: left + i * bw + 1, y: base - hgt, width: bw - 2, height: hgt, fill: "#c2410c" }, svg("title", {}, `tokens ${i * width}–${(i + 1) * width - 1}: ${c} run(s)`)));
-      if (c) s.append(svg("text", { x: left + i * bw + bw / 2, y: base - hgt - 3, "text-anchor": "middle" }, c));
+      let y = base;
+      c.forEach((n, si) => {
+        if (!n) return;
+        const hgt = ((base - top) * n) / peak;
+        y -= hgt;
+        s.append(svg("rect", { x: left + i * bw + 1, y, width: bw - 2, height: hgt, fill: PALETTE[si % PALETTE.length] },
+          svg("title", {}, `${names[si]}, tokens ${i * width}–${(i + 1) * width - 1}: ${n} run(s)`)));
+      });
+      const sum = c.reduce((a, b) => a + b, 0);
+      if (sum) s.append(svg("text", { x: left + i * bw + bw / 2, y: y - 3, "text-anchor": "middle" }, sum));
     });
     s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }));
-    axisTicks(s, left, right, base, counts.length * width, (v) => Math.round(v), Math.min(8, counts.length));
-    return chartBox("Where runs first depart", `${total} run(s) departed; x: token position of the first difference, bins of ${width}.`, s);
+    axisTicks(s, left, right, base, nbins * width, (v) => Math.round(v), Math.min(8, nbins));
+    legend(s, names, base + 34);
+    return chartBox("Where runs first depart", `${total} run(s) departed; x: token position of the first difference, bins of ${width}; one colour per setting.`, s);
   }
   function marginChart(recs) {
     const pts = recs.filter((r) => r.margin_run !== null && r.margin_reference !== null);
     if (!pts.length) return chartBox("How close the decision was where runs split", null, el("p", { class: "empty", text: "No divergence with recorded margins." }));
     const max = Math.max(...pts.map((p) => Math.max(p.margin_run, p.margin_reference))) * 1.1 || 1;
     const left = 66, right = 660, top = 10, base = 200;
-    const s = svg("svg", { viewBox: "0 0 680 230", role: "img", "aria-label": "margins at divergence" });
+    const names = [...new Set(pts.map(settingOf))];
+    const s = svg("svg", { viewBox: `0 0 680 ${236 + Math.ceil(names.length / 2) * 16}`, role: "img", "aria-label": "margins at divergence" });
     const X = (v) => left + ((right - left) * v) / max, Y = (v) => base - ((base - top) * v) / max;
     s.append(svg("line", { x1: X(0), y1: Y(0), x2: X(max), y2: Y(max), stroke: "#bbb", "stroke-dasharray": "4 3" }));
     s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }), svg("line", { x1: left, x2: left, y1: top, y2: base, stroke: "#888" }));
     axisTicks(s, left, right, base, max, (v) => num(v, 2), 5);
     for (let i = 0; i <= 4; i++) s.append(svg("text", { x: left - 4, y: Y((max * i) / 4) + 4, "text-anchor": "end" }, num((max * i) / 4, 2)));
-    pts.forEach((p) => s.append(svg("circle", { cx: X(p.margin_reference), cy: Y(p.margin_run), r: 4, fill: "#3451b2", "fill-opacity": 0.7 },
+    pts.forEach((p) => s.append(svg("circle", { cx: X(p.margin_reference), cy: Y(p.margin_run), r: 4, fill: PALETTE[names.indexOf(settingOf(p)) % PALETTE.length], "fill-opacity": 0.7 },
       svg("title", {}, `${p.prompt_id}, ${p.series}, batch ${p.batch_size}, token ${p.first_divergence}: reference ${num(p.margin_reference)}, run ${num(p.margin_run)}`))));
+    legend(s, names, 236);
     return chartBox("How close the decision was where runs split",
       "Top-1 minus top-2 logit margin at the first differing token: x in the reference run, y in the departing run. Near zero: a near tie that the batch flipped.", s);
   }
   function slowdownChart(recs) {
     if (!recs.length) return chartBox("What batch-invariant mode costs", null, el("p", { class: "empty", text: "No cells differing only in batch_invariant ran OK, so there is no slowdown to show." }));
     const right = 600, rowH = 22, top = 8, h = top + recs.length * rowH + 30;
-    const left = labelRoom(recs.map((r) => `${r.engine} ${r.dtype} · batch ${r.batch_size}`));
+    const left = labelRoom(recs.map(settingOf));
     const max = Math.max(1.1, ...recs.map((r) => r.throughput_ratio_max || r.throughput_ratio)) * 1.05;
     const s = svg("svg", { viewBox: `0 0 680 ${h}`, role: "img", "aria-label": "slowdown" });
     const X = (v) => left + ((right - left) * v) / max;
     recs.forEach((r, i) => {
       const y = top + i * rowH;
-      s.append(svg("text", { x: left - 6, y: y + 14, "text-anchor": "end" }, `${r.engine} ${r.dtype} · batch ${r.batch_size}`));
+      s.append(svg("text", { x: left - 6, y: y + 14, "text-anchor": "end" }, settingOf(r)));
       s.append(svg("rect", { x: left, y: y + 3, width: X(r.throughput_ratio) - left, height: rowH - 8, fill: "#9333ea", "fill-opacity": 0.75 }));
       s.append(svg("line", { x1: X(r.throughput_ratio_min), x2: X(r.throughput_ratio_max), y1: y + rowH / 2, y2: y + rowH / 2, stroke: "#000" }));
       s.append(svg("text", { x: Math.max(X(r.throughput_ratio_max), X(r.throughput_ratio)) + 6, y: y + 14 }, `×${num(r.throughput_ratio)} (${r.pairs} pairs)`));

@@ -1,0 +1,158 @@
+"""Every matrix axis, declared once: its name, type, default, allowed values, whether it is fixed per
+engine load, and how it is shown.
+
+The experiment's matrix model (config.Matrix), cell ids and load groups (matrix), the row columns
+of the settings (store.ROW_SCHEMA), the summary keys, `--where` / `--reference` parsing, the tables'
+short column names, and the report's series, filters and labels all derive from `AXES_DECLARED`.
+Adding an axis is one `Axis` here, plus the engines that honour it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from harness.engines import ENGINE_NAMES
+
+#: dtype spellings an experiment may use, and the canonical name each stands for
+DTYPE_ALIASES = {
+    "auto": "auto", "f32": "f32", "float32": "f32", "fp32": "f32", "f16": "f16", "float16": "f16", "fp16": "f16",
+    "half": "f16", "bf16": "bf16", "bfloat16": "bf16",
+}
+PREFIX_CACHE_MODES = ("off", "cold", "warm")
+KV_CACHE_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "fp8")
+
+_REQUIRED = object()
+
+
+def _number(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not ok(value):
+            raise ValueError(f"{name} {value} is out of range; allowed: {allowed}")
+        return value
+    return check
+
+
+def _one_of(name: str, allowed: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        text = ("on" if value else "off") if isinstance(value, bool) else str(value).lower()
+        if text not in allowed:
+            raise ValueError(f"{name} '{value}' is not known; allowed: {', '.join(allowed)}")
+        return text
+    return check
+
+
+def _engine(value: str) -> str:
+    if value not in ENGINE_NAMES:
+        raise ValueError(f"unknown engine '{value}'; allowed: {', '.join(ENGINE_NAMES)}")
+    return value
+
+
+def _dtype(value: str) -> str:
+    canonical = DTYPE_ALIASES.get(str(value).lower())
+    if canonical is None:
+        raise ValueError(f"unknown dtype '{value}'; allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))}")
+    return canonical
+
+
+def _name(value: str) -> str:
+    if not str(value).strip():
+        raise ValueError("empty name; give a model name or path / a GPU type, 'any' or 'cpu'")
+    return value
+
+
+def _chunk(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise ValueError(f"prefill_chunk '{value}': allowed: auto (the engine's default) or tokens per "
+                         "prefill step, a whole number >= 1")
+    return text if text == "auto" else str(int(text))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis of the matrix."""
+
+    name: str
+    type: type  # of one value: str, int, float or bool
+    arrow: pa.DataType  # its row column's type
+    default: Any = _REQUIRED
+    #: fixed for an engine load (cells that differ in it cannot share a loaded engine)
+    per_load: bool = False
+    #: added after results existed: a cell at the default keeps the id it had before the axis
+    later: bool = False
+    #: column name in tables and series labels ("" = the name itself)
+    short: str = ""
+    #: what values are allowed, for messages on numbers (a bool there is refused as such)
+    allowed: str = ""
+    #: checks one value after pydantic typed it; returns its canonical form or raises ValueError
+    check: Callable[[Any], Any] | None = None
+    #: canonical form of one raw value before typing (named choices: yes/no read as on/off)
+    before: Callable[[Any], Any] | None = None
+    #: how a value reads in a series label: the value alone ("plain") or "short=value"
+    label: str = "named"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in (int, float)
+
+    @property
+    def shown(self) -> str:
+        return self.short or self.name
+
+    def describe(self, value: Any) -> str:
+        """One value as a series label shows it."""
+        if self.type is bool:
+            return f"{self.shown}={'on' if value else 'off'}" if self.name != "batch_invariant" else (
+                "batch-invariant" if value else "default")
+        return str(value) if self.label == "plain" else f"{self.shown}={value}"
+
+
+AXES_DECLARED: tuple[Axis, ...] = (
+    Axis("model", str, pa.string(), per_load=True, check=_name, label="plain"),
+    Axis("engine", str, pa.string(), "llamacpp", per_load=True, check=_engine, label="plain"),
+    Axis("dtype", str, pa.string(), "auto", per_load=True, check=_dtype, label="plain"),
+    Axis("gpu", str, pa.string(), "any", per_load=True, check=_name, label="plain"),
+    Axis("batch_invariant", bool, pa.bool_(), False, per_load=True, short="b-inv"),
+    Axis("batch_size", int, pa.int32(), 1, short="batch", allowed="1 to 1024",
+         check=_number("batch_size", lambda v: 1 <= v <= 1024, "1 to 1024")),
+    Axis("seed", int, pa.int64(), 0, allowed="0 to 2**32-1",
+         check=_number("seed", lambda v: 0 <= v < 2**32, "0 to 2**32-1")),
+    Axis("temperature", float, pa.float64(), 0.0, short="temp", allowed="0 (greedy) or more",
+         check=_number("temperature", lambda v: v >= 0, "0 (greedy) or more")),
+    Axis("top_p", float, pa.float64(), 1.0, allowed="0 < top_p <= 1",
+         check=_number("top_p", lambda v: 0 < v <= 1, "0 < top_p <= 1")),
+    Axis("top_k", int, pa.int32(), 0, allowed="0 (off) or more", check=_number("top_k", lambda v: v >= 0, "0 (off) or more")),
+    Axis("prefix_cache", str, pa.string(), "off", later=True, short="pcache",
+         before=_one_of("prefix_cache", PREFIX_CACHE_MODES)),
+    Axis("context_tokens", int, pa.int32(), 0, later=True, short="ctx", allowed="0 (no shared context) to 1048576",
+         check=_number("context_tokens", lambda v: 0 <= v <= 1_048_576, "0 (no shared context) to 1048576")),
+    Axis("prefill_chunk", str, pa.string(), "auto", per_load=True, later=True, short="chunk", before=_chunk),
+    Axis("kv_cache_dtype", str, pa.string(), "auto", per_load=True, later=True, short="kv",
+         before=_one_of("kv_cache_dtype", KV_CACHE_DTYPES)),
+)
+
+BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_DECLARED}
+#: the axes in display order; row columns holding settings carry exactly these names
+AXES: tuple[str, ...] = tuple(BY_NAME)
+#: the axes fixed per engine load
+LOAD_AXES: tuple[str, ...] = tuple(a.name for a in AXES_DECLARED if a.per_load)
+#: axes added after results existed, with the default that keeps old cell ids
+LATER_AXES_DEFAULTS: dict[str, Any] = {a.name: a.default for a in AXES_DECLARED if a.later}
+#: short column names in tables
+SHORT: dict[str, str] = {a.name: a.short for a in AXES_DECLARED if a.short}
+
+
+def shown_name(column: str) -> str:
+    """A setting column's name in a table or label: an axis's short name, an option column as it is."""
+    axis = BY_NAME.get(column)
+    return axis.shown if axis else column
+
+
+def describe(column: str, value: Any) -> str:
+    """One setting as a series label shows it ('f32', 'batch-invariant', 'pcache=warm', 'llamacpp.n_batch=64')."""
+    axis = BY_NAME.get(column)
+    return axis.describe(value) if axis else f"{column}={value}"
