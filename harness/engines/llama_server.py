@@ -27,6 +27,7 @@ from harness.engines.base import (
     SequenceOutput,
     StepObserver,
 )
+from harness.engines.end_of_generation import gguf_end_ids, without_end
 from harness.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 
 
@@ -90,6 +91,7 @@ class LlamaServerEngine(Engine):
         self.binary = find_binary(self.opts.binary)
         self.model_path = models.gguf_in_dtype(models.resolve_gguf(spec.model, base), spec.dtype, log)
         self.model_sha256 = models.file_sha256(self.model_path)
+        self.end_ids = gguf_end_ids(self.model_path)
         self.server: ManagedServer | None = None
         self.slots = 0
         self.per_slot = self.opts.n_ctx
@@ -222,10 +224,10 @@ class LlamaServerEngine(Engine):
             raise
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
-        every = [_sequence(a) for a in answers] if members else []
+        every = [_sequence(a, self.end_ids) for a in answers] if members else []
         timings = answer.get("timings", {})
         return BatchOutput(
-            target=every[target] if members else _sequence(answer),
+            target=every[target] if members else _sequence(answer, self.end_ids),
             prompt_tokens=int(answer.get("tokens_evaluated", 0)),
             prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
@@ -268,7 +270,7 @@ class LlamaServerEngine(Engine):
             self.server = None
 
 
-def _sequence(answer: dict[str, Any]) -> SequenceOutput:
+def _sequence(answer: dict[str, Any], end_ids: frozenset[int] | None = None) -> SequenceOutput:
     """One /completion answer as an output: token ids, text, per-step log-probability and top-2 margin."""
     ids = [int(t) for t in answer.get("tokens", [])]
     chosen, margins, pieces = [], [], []
@@ -278,10 +280,10 @@ def _sequence(answer: dict[str, Any]) -> SequenceOutput:
         top = step.get("top_logprobs", [])
         margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
     finish = "length" if answer.get("stop_type") == "limit" else "stop"
-    if answer.get("stop_type") == "eos" and ids:
-        # The server lists the end-of-generation token; like the other engines' rows, it is
-        # a decision step (logprobs, margins), not output.
-        ids, pieces = ids[:-1], pieces[:-1]
+    # The server lists the token that ended the generation: removed by the one rule, checked against
+    # the model's end-of-generation set (where that is unknown, the server's stop_type says it)
+    ids, pieces = without_end(ids, pieces, end_ids if end_ids is not None else ids[-1:],
+                              answer.get("stop_type") == "eos")
     return SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins,
                           pieces if len(pieces) == len(ids) else [])
 

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from harness import models
 from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
+from harness.engines.end_of_generation import gguf_end_ids, without_end
 from harness.redaction import redact_url
 from harness.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
@@ -93,6 +94,16 @@ class OpenAIEngine(Engine):
             self.url = self.opts.base_url.rstrip("/")
             get_json(self.url + self.opts.health_path, timeout=30, headers=self._headers)  # a clear error now
         self.served_model = self.opts.served_model or spec.model
+        self.end_ids = self._end_ids()
+
+    def _end_ids(self) -> frozenset[int] | None:
+        """The model's end-of-generation tokens, read from its GGUF when the model names one here
+        (a server's ids end with the token that stopped it); None for a model known only by name."""
+        try:
+            path = models.resolve_gguf(self.spec.model, self._base)
+        except Exception:  # noqa: BLE001 - a hub name the server knows: no vocabulary here
+            return None
+        return gguf_end_ids(path)
 
     def _token_ids(self, text: str) -> list[int]:
         """Fallback: tokenize the answer with the model's GGUF vocabulary (labelled 'tokenizer')."""
@@ -183,7 +194,9 @@ class OpenAIEngine(Engine):
         chosen = [float(s.get("logprob", math.nan)) for s in steps]
         margins = [float(s["top_logprobs"][0]["logprob"] - s["top_logprobs"][1]["logprob"])
                    if len(s.get("top_logprobs", [])) >= 2 else math.nan for s in steps]
-        out = SequenceOutput(ids, text, str(choice.get("finish_reason")), chosen, margins, _pieces(steps, len(ids)))
+        finish = str(choice.get("finish_reason"))
+        ids, pieces = without_end(ids, _pieces(steps, len(ids)), self.end_ids, finish == "stop")
+        out = SequenceOutput(ids, text, finish, chosen, margins, pieces if len(pieces) == len(ids) else [])
         return out, source, missing
 
     def describe(self) -> dict[str, Any]:

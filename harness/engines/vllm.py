@@ -29,6 +29,7 @@ from harness.engines.base import (
     StepObserver,
     Unsupported,
 )
+from harness.engines.end_of_generation import without_end
 
 _DTYPES = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 #: kv_cache_dtype axis -> vLLM's kv_cache_dtype ('auto' is the model's dtype)
@@ -148,7 +149,14 @@ class VllmEngine(Engine):
             f"(VLLM_BATCH_INVARIANT={int(spec.batch_invariant)})")
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        # the end-of-generation set: the tokenizer's EOS and the generation config's stop ids
+        # (Llama-3's <|eot_id|>), which vLLM stops on and lists last
         self._eos = {t for t in [getattr(self.tokenizer, "eos_token_id", None)] if t is not None}
+        try:
+            configured = self.llm.llm_engine.model_config.try_get_generation_config().get("eos_token_id")
+        except Exception:  # noqa: BLE001 - an older vLLM: the tokenizer's EOS only
+            configured = None
+        self._eos |= set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
         try:
             self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         except Exception:  # noqa: BLE001 - the tokenizer's size is the next best
@@ -250,8 +258,7 @@ class VllmEngine(Engine):
         """One request's completion as an output; its log-probabilities are the chosen token's and top-2."""
         ids = list(result.token_ids)
         steps = _step_stats(result.logprobs or [], ids)
-        if result.finish_reason == "stop" and ids and ids[-1] in self._eos and not self.opts.ignore_eos:
-            ids = ids[:-1]  # like llama.cpp rows: the end-of-generation token is a step, not output
+        ids, _ = without_end(ids, [], None if self.opts.ignore_eos else self._eos, result.finish_reason == "stop")
         return SequenceOutput(ids, self.tokenizer.decode(ids), str(result.finish_reason), *steps,
                               [self.tokenizer.decode([t]) for t in ids])
 
