@@ -9,7 +9,7 @@ Adding an axis is one `Axis` here, plus the engines that honour it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -24,24 +24,7 @@ DTYPE_ALIASES = {
 PREFIX_CACHE_MODES = ("off", "cold", "warm")
 KV_CACHE_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "fp8")
 
-_REQUIRED = object()
-
-
-def _number(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if not ok(value):
-            raise ValueError(f"{name} {value} is out of range; allowed: {allowed}")
-        return value
-    return check
-
-
-def _one_of(name: str, allowed: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        text = ("on" if value else "off") if isinstance(value, bool) else str(value).lower()
-        if text not in allowed:
-            raise ValueError(f"{name} '{value}' is not known; allowed: {', '.join(allowed)}")
-        return text
-    return check
+REQUIRED = object()  # the default of an axis an experiment must give
 
 
 def _engine(value: str) -> str:
@@ -73,27 +56,35 @@ def _chunk(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Axis:
-    """One axis of the matrix."""
+    """One axis of the matrix: what its values may be, and how it is stored and shown."""
 
     name: str
     type: type  # of one value: str, int, float or bool
     arrow: pa.DataType  # its row column's type
-    default: Any = _REQUIRED
+    default: Any = REQUIRED
     #: fixed for an engine load (cells that differ in it cannot share a loaded engine)
     per_load: bool = False
     #: added after results existed: a cell at the default keeps the id it had before the axis
     later: bool = False
     #: column name in tables and series labels ("" = the name itself)
     short: str = ""
-    #: what values are allowed, for messages on numbers (a bool there is refused as such)
+    #: numbers: the test of a value, and what it allows in words
+    within: Callable[[Any], bool] | None = None
     allowed: str = ""
-    #: checks one value after pydantic typed it; returns its canonical form or raises ValueError
+    #: named choices: the values allowed (YAML's yes/no read as on/off)
+    choices: tuple[str, ...] = ()
+    #: any other check of one typed value; returns its canonical form or raises ValueError
     check: Callable[[Any], Any] | None = None
-    #: canonical form of one raw value before typing (named choices: yes/no read as on/off)
+    #: canonical form of one raw value, before it is typed
     before: Callable[[Any], Any] | None = None
-    #: how a value reads in a series label: the value alone ("plain") or "short=value"
-    label: str = "named"
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: series labels show the value alone, not "short=value"
+    plain: bool = False
+    #: series labels of a true/false axis: (false, true); default "short=off" / "short=on"
+    flags: tuple[str, str] | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
 
     @property
     def numeric(self) -> bool:
@@ -103,36 +94,49 @@ class Axis:
     def shown(self) -> str:
         return self.short or self.name
 
+    def raw(self, value: Any) -> Any:
+        """One value as written, made ready to be typed; a true/false where a number belongs (YAML reads
+        yes/no that way, and they are ints to Python) or an unknown choice raises ValueError."""
+        if self.numeric and isinstance(value, bool):
+            raise ValueError(f"{self.name} {str(value).lower()}: a true/false value where a number belongs; "
+                             f"allowed: {self.allowed}")
+        if self.choices:
+            text = ("on" if value else "off") if isinstance(value, bool) else str(value).lower()
+            if text not in self.choices:
+                raise ValueError(f"{self.name} '{value}' is not known; allowed: {', '.join(self.choices)}")
+            return text
+        return self.before(value) if self.before else value
+
+    def typed(self, value: Any) -> Any:
+        """One typed value checked and in canonical form; raises ValueError naming what is allowed."""
+        if self.within is not None and not self.within(value):
+            raise ValueError(f"{self.name} {value} is out of range; allowed: {self.allowed}")
+        return self.check(value) if self.check else value
+
     def describe(self, value: Any) -> str:
         """One value as a series label shows it."""
         if self.type is bool:
-            return f"{self.shown}={'on' if value else 'off'}" if self.name != "batch_invariant" else (
-                "batch-invariant" if value else "default")
-        return str(value) if self.label == "plain" else f"{self.shown}={value}"
+            off, on = self.flags or (f"{self.shown}=off", f"{self.shown}=on")
+            return on if value else off
+        return str(value) if self.plain else f"{self.shown}={value}"
 
 
 AXES_DECLARED: tuple[Axis, ...] = (
-    Axis("model", str, pa.string(), per_load=True, check=_name, label="plain"),
-    Axis("engine", str, pa.string(), "llamacpp", per_load=True, check=_engine, label="plain"),
-    Axis("dtype", str, pa.string(), "auto", per_load=True, check=_dtype, label="plain"),
-    Axis("gpu", str, pa.string(), "any", per_load=True, check=_name, label="plain"),
-    Axis("batch_invariant", bool, pa.bool_(), False, per_load=True, short="b-inv"),
-    Axis("batch_size", int, pa.int32(), 1, short="batch", allowed="1 to 1024",
-         check=_number("batch_size", lambda v: 1 <= v <= 1024, "1 to 1024")),
-    Axis("seed", int, pa.int64(), 0, allowed="0 to 2**32-1",
-         check=_number("seed", lambda v: 0 <= v < 2**32, "0 to 2**32-1")),
-    Axis("temperature", float, pa.float64(), 0.0, short="temp", allowed="0 (greedy) or more",
-         check=_number("temperature", lambda v: v >= 0, "0 (greedy) or more")),
-    Axis("top_p", float, pa.float64(), 1.0, allowed="0 < top_p <= 1",
-         check=_number("top_p", lambda v: 0 < v <= 1, "0 < top_p <= 1")),
-    Axis("top_k", int, pa.int32(), 0, allowed="0 (off) or more", check=_number("top_k", lambda v: v >= 0, "0 (off) or more")),
-    Axis("prefix_cache", str, pa.string(), "off", later=True, short="pcache",
-         before=_one_of("prefix_cache", PREFIX_CACHE_MODES)),
-    Axis("context_tokens", int, pa.int32(), 0, later=True, short="ctx", allowed="0 (no shared context) to 1048576",
-         check=_number("context_tokens", lambda v: 0 <= v <= 1_048_576, "0 (no shared context) to 1048576")),
+    Axis("model", str, pa.string(), per_load=True, check=_name, plain=True),
+    Axis("engine", str, pa.string(), "llamacpp", per_load=True, check=_engine, plain=True),
+    Axis("dtype", str, pa.string(), "auto", per_load=True, check=_dtype, plain=True),
+    Axis("gpu", str, pa.string(), "any", per_load=True, check=_name, plain=True),
+    Axis("batch_invariant", bool, pa.bool_(), False, per_load=True, short="b-inv", flags=("default", "batch-invariant")),
+    Axis("batch_size", int, pa.int32(), 1, short="batch", within=lambda v: 1 <= v <= 1024, allowed="1 to 1024"),
+    Axis("seed", int, pa.int64(), 0, within=lambda v: 0 <= v < 2**32, allowed="0 to 2**32-1"),
+    Axis("temperature", float, pa.float64(), 0.0, short="temp", within=lambda v: v >= 0, allowed="0 (greedy) or more"),
+    Axis("top_p", float, pa.float64(), 1.0, within=lambda v: 0 < v <= 1, allowed="0 < top_p <= 1"),
+    Axis("top_k", int, pa.int32(), 0, within=lambda v: v >= 0, allowed="0 (off) or more"),
+    Axis("prefix_cache", str, pa.string(), "off", later=True, short="pcache", choices=PREFIX_CACHE_MODES),
+    Axis("context_tokens", int, pa.int32(), 0, later=True, short="ctx", within=lambda v: 0 <= v <= 1_048_576,
+         allowed="0 (no shared context) to 1048576"),
     Axis("prefill_chunk", str, pa.string(), "auto", per_load=True, later=True, short="chunk", before=_chunk),
-    Axis("kv_cache_dtype", str, pa.string(), "auto", per_load=True, later=True, short="kv",
-         before=_one_of("kv_cache_dtype", KV_CACHE_DTYPES)),
+    Axis("kv_cache_dtype", str, pa.string(), "auto", per_load=True, later=True, short="kv", choices=KV_CACHE_DTYPES),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_DECLARED}

@@ -119,8 +119,8 @@ def plan(
     from harness.matrix import expand, group, refuse_ignored
 
     loaded = load_experiment(experiment)
-    refuse_ignored(loaded)
     cells = expand(loaded)
+    refuse_ignored(loaded, cells)
     groups = group(cells)
     exp = loaded.experiment
     per_cell = len(loaded.prompt_set.prompts) * exp.repeats
@@ -252,8 +252,9 @@ def _before_running(loaded: Any, selection: Any, reference: list[str]) -> None:
     from harness.metrics import parse_reference
     from harness.selection import apply
 
-    refuse_ignored(loaded)
-    apply(group(expand(loaded)), selection)
+    cells = expand(loaded)
+    refuse_ignored(loaded, cells)
+    apply(group(cells), selection)
     unswept = [a for a in parse_reference(reference) if option_axis(a) and a not in loaded.option_axes]
     if unswept:  # the summary after the run would make every cell its own reference
         raise UsageError(f"--reference {unswept[0]}: the experiment does not sweep {unswept[0]}; swept engine "
@@ -331,11 +332,11 @@ def submit(
     """Submit the experiment as array jobs: one job per GPU type, one array task per shard."""
     from harness import cluster
     from harness.config import load_experiment
-    from harness.matrix import refuse_ignored
+    from harness.matrix import expand, refuse_ignored
     from harness.results import ResultsFolder
 
     loaded = load_experiment(experiment)
-    refuse_ignored(loaded)
+    refuse_ignored(loaded, expand(loaded))
     out = out or Path("results") / loaded.experiment.name
     ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
     console = _console()

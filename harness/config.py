@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, create_model, field_validator
 
 from harness import yamlsrc
-from harness.axes import _REQUIRED, AXES, AXES_DECLARED, BY_NAME
+from harness.axes import AXES, AXES_DECLARED, BY_NAME
 from harness.engines import ENGINE_NAMES, options_model
 from harness.errors import ConfigError
 from harness.redaction import redact
@@ -67,25 +67,18 @@ class _MatrixRules(Strict):
     @field_validator("*", mode="before")
     @classmethod
     def _declared_before(cls, values: Any, info: ValidationInfo) -> list[Any]:
-        axis = BY_NAME[info.field_name]
-        values = _as_list(values)
-        for value in values if axis.numeric else ():  # YAML reads yes/no/true/false as booleans, ints to Python
-            if isinstance(value, bool):
-                raise ValueError(f"{axis.name} {str(value).lower()}: a true/false value where a number belongs; "
-                                 f"allowed: {axis.allowed}")
-        return [axis.before(v) for v in values] if axis.before else values
+        return [BY_NAME[info.field_name].raw(v) for v in _as_list(values)]
 
     @field_validator("*")
     @classmethod
     def _declared(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
-        axis = BY_NAME[info.field_name]
-        return [axis.check(v) for v in values] if axis.check else values
+        return [BY_NAME[info.field_name].typed(v) for v in values]
 
 
 #: the matrix section of an experiment: one list-valued field per declared axis
 Matrix = create_model(
     "Matrix", __base__=_MatrixRules,
-    **{a.name: (list[a.type], Field(min_length=1) if a.default is _REQUIRED else Field(default=[a.default], min_length=1))
+    **{a.name: (list[a.type], Field(min_length=1) if a.required else Field(default=[a.default], min_length=1))
        for a in AXES_DECLARED},
 )
 

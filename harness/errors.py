@@ -1,5 +1,8 @@
 """The one user-facing error type, caught once in the CLI."""
 
+import errno
+import re
+
 
 class HarnessError(Exception):
     """An error the user can fix; its message is printed without a traceback."""
@@ -22,9 +25,6 @@ class UsageError(HarnessError):
 def describe_os_error(exc: OSError) -> str:
     """One line for a failed file operation: which file, why, and what to do (pyarrow's OSErrors
     carry the errno only in their text)."""
-    import errno
-    import re
-
     code = exc.errno
     if code is None:
         found = re.search(r"\[errno (\d+)\]", str(exc))

@@ -167,15 +167,14 @@ def group(cells: list[Cell]) -> list[Group]:
     return groups
 
 
-def refuse_ignored(loaded: LoadedExperiment) -> None:
+def refuse_ignored(loaded: LoadedExperiment, cells: list[Cell]) -> None:
     """Refuse a cell whose engine would run it without applying one of its settings (Engine.ignores):
     it would differ from its neighbours only in its label, and look like a measurement of that setting.
     Checked when an experiment file is planned, run or submitted (a folder's snapshot ran already)."""
-    source = yamlsrc.load(loaded.path) if loaded.path.suffix in (".yaml", ".yml") else None
-    if source is None:
+    if loaded.path.suffix not in (".yaml", ".yml"):
         return
     seen: set[tuple[str, str, str]] = set()
-    for cell in expand(loaded):
+    for cell in cells:
         engine = cell["engine"]
         for axis, value in cell.as_dict.items():
             if (engine, axis, str(value)) in seen:
@@ -183,6 +182,7 @@ def refuse_ignored(loaded: LoadedExperiment) -> None:
             seen.add((engine, axis, str(value)))
             why = engine_class(engine).ignores(axis, value, loaded.engine_options.get(engine, {}))
             if why:
+                source = yamlsrc.load(loaded.path)  # read again only to name the line
                 loc = ("matrix", axis) if axis in source.data.get("matrix", {}) else ("include",)
                 raise ConfigError(f"{source.where(loc)}: {axis} {value} with engine {engine}: {why}; such cells "
                                   "would differ from the others only in their label (exclude them, or drop the value)")

@@ -99,10 +99,11 @@ def load(path: Path) -> Source:
         raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
     lines: dict[Loc, int] = {}
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = yaml.SafeLoader(text)  # parsed once: composed, walked for lines, then constructed
+        node = loader.get_single_node()
         if node is not None:
             _walk(node, (), lines)  # before constructing: an alias bomb is refused, not expanded
-        data = yaml.safe_load(text)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -125,18 +126,17 @@ def format_loc(loc: Loc) -> str:
     return "".join(parts) or "(top level)"
 
 
-def _clean_loc(loc: Loc) -> Loc:
-    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptItem]'."""
-    markers = {"str", "int", "float", "function-after", "function-before"}
-    return tuple(x for x in loc if not (isinstance(x, str) and ("[" in x or x in markers)))
-
-
 def _branch(loc: Loc) -> tuple[int, str] | None:
     """Where in `loc` a union's branch marker sits, and the marker ('list[PromptItem]'), if any."""
     for index, part in enumerate(loc):
         if isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool")):
             return index, part
     return None
+
+
+def _clean_loc(loc: Loc) -> Loc:
+    """Drop pydantic's union-branch markers such as 'str' or 'list[PromptItem]'."""
+    return tuple(x for x in loc if _branch((x,)) is None and x not in ("function-after", "function-before"))
 
 
 def _meant(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

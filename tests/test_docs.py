@@ -32,7 +32,7 @@ def _blocks(path: Path, language: str) -> list[str]:
 
 def _examples(prefix: str, language: str) -> list[tuple[str, str]]:
     """(page, command line) for each line of `language` blocks that starts with `prefix`."""
-    return [(page.name, line[len(prefix) - len("harness "):].strip()) for page in PAGES
+    return [(page.name, line.removeprefix("$ ").strip()) for page in PAGES
             for block in _blocks(page, language) for line in block.splitlines() if line.startswith(prefix)]
 
 

@@ -11,17 +11,17 @@ token at the end, and a cross-engine comparison would show a divergence that is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Collection
 
 
-def without_end(ids: list[int], pieces: list[str], end_ids: Iterable[int] | None,
+def without_end(ids: list[int], pieces: list[str], end_ids: Collection[int] | None,
                 stopped: bool) -> tuple[list[int], list[str]]:
     """`ids` (and their text `pieces`, when aligned) without a final end-of-generation token.
 
     `stopped`: the engine says the generation ended on a stop (not a length limit). `end_ids`: the
     model's end-of-generation set; None when it is not known, and then nothing is removed.
     """
-    if not (stopped and ids and end_ids is not None and ids[-1] in set(end_ids)):
+    if not (stopped and ids and end_ids is not None and ids[-1] in end_ids):
         return ids, pieces
     return ids[:-1], pieces[:-1] if len(pieces) == len(ids) else pieces
 

@@ -156,7 +156,8 @@ class VllmEngine(Engine):
             configured = self.llm.llm_engine.model_config.try_get_generation_config().get("eos_token_id")
         except Exception:  # noqa: BLE001 - an older vLLM: the tokenizer's EOS only
             configured = None
-        self._eos |= set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
+        if configured is not None:
+            self._eos |= set(configured) if isinstance(configured, list) else {configured}
         try:
             self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         except Exception:  # noqa: BLE001 - the tokenizer's size is the next best

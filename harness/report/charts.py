@@ -79,7 +79,7 @@ def compute(
     varying = varying_axes(rows)
     answers = answer_summary(rows, answer_prompts, reference)
     if not answers.empty:
-        answers.insert(0, "series", series_labels(answers, varying))
+        answers = _labelled(answers, varying)
     judged = annotated[annotated["matched"].notna()].copy()
     judged["series"] = series_labels(judged, varying)
     identical = (
