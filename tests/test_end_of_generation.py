@@ -1,7 +1,8 @@
 """One end-of-generation rule: the same prompts, greedy at batch 1, through llama.cpp in process,
 llama-server, the openai engine against a llama-server it launches, and vLLM's CPU build end alike.
 No engine returns the token that ended its generation, so a difference left between two engines is
-a real token difference, never one engine's extra end token."""
+a real token difference, never one engine's extra end token. (Whether llama-cpp-python's build and
+llama-server's give the same tokens depends on the CPU and the builds: it is not asserted.)"""
 
 from __future__ import annotations
 
@@ -71,11 +72,12 @@ def test_every_engine_ends_its_runs_alike(tmp_path):
     for r in rows.itertuples():  # short answers: each stops on its own, and the stopping token is not output
         assert r.finish_reason == "stop" and ids[(r.engine, r.prompt_id)][-1] not in end, (r.engine, r.prompt_id)
     for prompt in ("capital", "sum", "colour"):
+        # one llama-server binary and GGUF, asked directly and through the OpenAI API: the same tokens
+        assert ids[("openai", prompt)] == ids[("llama-server", prompt)], prompt
+        # across builds and engines, which tokens come out is the hardware's and the build's business;
+        # a difference left is a token that differs, never one run being the other plus an end token
         ours = ids[("llamacpp", prompt)]
         for engine in engines[1:]:
             theirs = ids[(engine, prompt)]
             shared = min(len(ours), len(theirs))
-            if engine != "vllm":  # the same GGUF file through llama.cpp: the same tokens, ending alike
-                assert theirs == ours, (engine, prompt)
-            # a difference left is a token that differs, never one run being the other plus an end token
             assert theirs == ours or theirs[:shared] != ours[:shared] or abs(len(theirs) - len(ours)) > 1, (engine, prompt)

@@ -56,11 +56,13 @@ def test_saving_summaries_onto_a_full_disk_names_the_cause_and_keeps_the_cells(s
     assert not _leftovers(small_disk / "out") and folder.store.cell_files()[0].read_bytes() in before.values()
 
 
+#: enough work per cell (8 generations of 64 tokens) that a fast machine still lands the first cell
+#: well before the last, so the disk fills in the middle of the run
 FILLING = """
 name: filling
 prompts: prompts.yaml
-repeats: 2
-max_tokens: 40
+repeats: 4
+max_tokens: 64
 matrix:
   model: [smollm2-135m]
   engine: [llamacpp]
@@ -90,5 +92,5 @@ def test_a_run_whose_disk_fills_up_stops_with_the_cause_and_keeps_what_landed(sm
     landed = list(cells.glob("*.parquet"))
     assert 1 <= len(landed) < 3
     rows = pd.read_parquet(landed[0])
-    assert len(rows) == 2 * 2 and set(rows["status"]) == {"ok"}
+    assert len(rows) == 2 * 4 and set(rows["status"]) == {"ok"}
     assert not _leftovers(small_disk / "out")
