@@ -1,14 +1,17 @@
 """Answer-level statistics: does non-determinism change the *answer*, and does a score move?
 
 Per setting (the cells' axes), over the prompts that carry a parse rule:
-    tar_r         share of prompts whose runs all gave the same raw output (TARr@N)
-    tar_a         share of prompts whose runs all gave the same parsed answer (TARa@N)
+    tar_r         share of prompts whose runs all gave the same raw output (TARr@N), over the prompts
+                  with at least two ok runs (one run agrees with itself: `single_run_prompts` counts
+                  those left out)
+    tar_a         share of prompts whose runs all gave the same parsed answer (TARa@N), likewise
     accuracy      mean over prompts of the share of runs that are right (prompts with an answer)
     best, worst   share of prompts right in any run / in every run; spread = best - worst
     answer_agreement  share of runs whose answer equals the reference run's answer
     prompts_changed   share of prompts with a run whose answer differs from the reference's
     accuracy_diff     accuracy minus the reference setting's, over the prompts both have
-Bootstrap 95 % intervals resample prompts (seeded: the same seed gives the same interval).
+Bootstrap 95 % intervals resample prompts (seeded: the same seed gives the same interval); with
+fewer than two prompts there is no interval (NaN), never a point posing as one.
 The reference is the one token statistics use: the same settings except the --reference axes.
 """
 
@@ -55,8 +58,9 @@ def per_prompt(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def bootstrap(values: np.ndarray, seed: int, draws: int = BOOTSTRAP) -> tuple[float, float]:
-    """95 % percentile interval of the mean of `values`, resampled with a seeded generator."""
-    if len(values) == 0:
+    """95 % percentile interval of the mean of `values`, resampled with a seeded generator; NaN for
+    fewer than two values (resampling one value gives that value back, not an interval)."""
+    if len(values) < 2:
         return (np.nan, np.nan)
     rng = np.random.default_rng(seed)
     means = values[rng.integers(0, len(values), size=(draws, len(values)))].mean(axis=1)
@@ -70,7 +74,7 @@ def answer_summary(
     keys = keys_of(rows)
     ok = answered(rows, prompts)
     table = per_prompt(ok)
-    columns = keys + ["prompts", "runs", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high", "best",
+    columns = keys + ["prompts", "runs", "single_run_prompts", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high", "best",
                       "worst", "spread", "answer_agreement", "prompts_changed", "accuracy_diff", "diff_low",
                       "diff_high", "length_spread_median", "length_spread_max", "reference"]
     if table.empty:
@@ -84,9 +88,11 @@ def answer_summary(
         ref = by_setting.get(ref_key)
         scored = part[part["has_answer"]]
         acc = scored["accuracy"].to_numpy(dtype=float)
+        repeated = part[part["runs"] >= 2]  # a prompt with one ok run agrees with itself: not counted
         rec: dict[str, Any] = setting | {
-            "prompts": len(part), "runs": int(part["runs"].sum()),
-            "tar_r": float(part["raw_identical"].mean()), "tar_a": float(part["answers_identical"].mean()),
+            "prompts": len(part), "runs": int(part["runs"].sum()), "single_run_prompts": len(part) - len(repeated),
+            "tar_r": float(repeated["raw_identical"].mean()) if len(repeated) else np.nan,
+            "tar_a": float(repeated["answers_identical"].mean()) if len(repeated) else np.nan,
             "accuracy": float(acc.mean()) if len(acc) else np.nan,
             "best": float(scored["any_right"].mean()) if len(scored) else np.nan,
             "worst": float(scored["all_right"].mean()) if len(scored) else np.nan,
@@ -114,7 +120,9 @@ def answer_summary(
 
 
 def _select(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
+    """The rows of one setting; a setting an engine does not have (a swept option of another engine,
+    missing in its rows) matches missing values."""
     mask = np.ones(len(frame), dtype=bool)
     for column, value in setting.items():
-        mask &= (frame[column] == value).to_numpy()
+        mask &= (frame[column].isna() if pd.isna(value) else frame[column] == value).to_numpy()
     return frame[mask]

@@ -137,6 +137,10 @@ AXES_DECLARED: tuple[Axis, ...] = (
          allowed="0 (no shared context) to 1048576"),
     Axis("prefill_chunk", str, pa.string(), "auto", per_load=True, later=True, short="chunk", before=_chunk),
     Axis("kv_cache_dtype", str, pa.string(), "auto", per_load=True, later=True, short="kv", choices=KV_CACHE_DTYPES),
+    #: tokens of each batch-mate's prompt (harness.context.padded): kernels pick their tiling by the
+    #: tokens of the whole batch, so the same target may split beside long requests and not short ones
+    Axis("filler_tokens", int, pa.int32(), 0, later=True, short="mates", within=lambda v: 0 <= v <= 1_048_576,
+         allowed="0 (the fillers as written) to 1048576"),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_DECLARED}

@@ -63,39 +63,18 @@ def _results(folder: Path, all_cells: bool = False):
     return results
 
 
-def _summaries(out: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False,
-               results=None):
-    """(per cell and prompt, slowdown, logit probes, answers) from a results folder (opened here unless
-    `results` is the folder already open). Reading only: a read-only folder can be summarized."""
-    from harness import answer_metrics, metrics
+def _analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False):
+    """The folder read against `--reference` under `--allow-mixed` (harness.analysis): reading only."""
+    from harness.analysis import Analysis
 
-    results = results or _results(out, all_cells)
-    mixed = metrics.parse_allow_mixed(allow_mixed)
-    ref = metrics.parse_reference(reference or [])
-    columns = list(dict.fromkeys(metrics.ROW_COLUMNS + answer_metrics.ANSWER_ROW_COLUMNS))
-    rows = results.read_rows(columns=columns, provenance_as_categories=True)
-    summary = metrics.summarize(rows, results.tokens_for, ref, mixed, results.logprobs_for)
-    cost = metrics.slowdown(rows, mixed)
-    probes = metrics.probe_summary(rows)
-    answers = answer_metrics.answer_summary(rows, results.answer_prompts(), ref)
-    return summary, cost, probes, answers
+    return Analysis.parsed(_results(folder, all_cells), reference, allow_mixed)
 
 
-def _save_summaries(out: Path, summary, cost, probes, answers) -> None:
-    """Write the summaries into the folder as Parquet (summary and slowdown always; probes and answers
-    where there are any), each renamed into place whole."""
-    from harness.store import Store
-
-    store = Store(out)
-    for name, frame in (("summary", summary), ("slowdown", cost), ("probes", probes), ("answers", answers)):
-        if name in ("summary", "slowdown") or not frame.empty:
-            store.atomic_write(out / f"{name}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
-
-
-def _print_summaries(console: Console, title: str, summary, cost, probes, answers) -> None:
+def _print_summaries(console: Console, title: str, analysis) -> None:
     from harness.report.table import (answer_table, machine_lines, probe_table, slowdown_table, summary_table,
                                       verdict_lines)
 
+    summary, cost, probes, answers = analysis.summary, analysis.slowdown, analysis.probes, analysis.answers
     console.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
     for line in verdict_lines(summary):
         console.print(line)
@@ -222,9 +201,9 @@ def run(
                   f"{len(result.skipped_done)} already done")
     if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
         try:  # the run's exit code is the run's: a summary that cannot be made or saved is said, not fatal
-            frames = _summaries(out, reference)
-            _print_summaries(console, loaded.experiment.name, *frames)
-            _save_summaries(out, *frames)
+            analysis = _analysis(out, reference)
+            _print_summaries(console, loaded.experiment.name, analysis)
+            analysis.save()
             console.print(f"rows: {shown}/cells/*.parquet   summary: {shown}/summary.parquet")
         except (HarnessError, OSError) as exc:
             why = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
@@ -291,16 +270,18 @@ def summarize(
     if what == "splits":
         _print_splits(results, fmt, all_cells)
         return
-    summary, cost, probes, answers = _summaries(results, reference, allow_mixed, all_cells)
+    analysis = _analysis(results, reference, allow_mixed, all_cells)
     if save:
-        _save_summaries(results, summary, cost, probes, answers)
-    frame = {"cells": summary, "slowdown": cost, "probes": probes, "answers": answers}[what]
+        analysis.save()
+    if fmt in ("json", "csv"):
+        frame = {"cells": analysis.summary, "slowdown": analysis.slowdown, "probes": analysis.probes,
+                 "answers": analysis.answers}[what]
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
-        _print_summaries(_console(), str(results), summary, cost, probes, answers)
+        _print_summaries(_console(), str(results), analysis)
 
 
 def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
@@ -533,12 +514,10 @@ def report(
     dimmed; filter by engine, batch size, dtype, GPU, batch-invariant mode and prompt. Data and
     script are inside the file: it opens offline, can be mailed or attached to a CI job.
     """
-    from harness.metrics import parse_allow_mixed, parse_reference
     from harness.report import html
 
-    store, ref = _results(results, all_cells), parse_reference(reference)
     target = out or results / "report.html"
-    payload = html.write(store, target, ref, parse_allow_mixed(allow_mixed))
+    payload = html.write(_analysis(results, reference, allow_mixed, all_cells), target)
     meta = payload["meta"]
     # entries aggregate runs that show the same thing: count runs, not entries
     runs = sum(entry["count"] for entry in payload["runs"])
@@ -566,18 +545,11 @@ def plot(
     bootstrap interval, where prompts carry answers), splits (where the outputs of a setting and
     prompt part: the runs taking each branch, labelled with its token).
     """
-    from harness import metrics
-    from harness.report import charts, plot as plotting
-    from harness.report.html import REPORT_COLUMNS
+    from harness.report import plot as plotting
 
     for f in fmt:
         _allowed("--format", f, tuple(plotting.FORMATS))
-    store, ref = _results(results, all_cells), metrics.parse_reference(reference)
-    mixed = metrics.parse_allow_mixed(allow_mixed)
-    rows = store.read_rows(REPORT_COLUMNS, provenance_as_categories=True)
-    data = charts.compute(rows, metrics.against_reference(rows, store.tokens_for, ref, mixed), ref, mixed,
-                          store.answer_prompts(), store.margins_for)
-    charts.add_splits(data, rows, store.tokens_for, store.texts_for)
+    data = _analysis(results, reference, allow_mixed, all_cells).charts
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     console = _console()
     for path in written:
@@ -605,24 +577,18 @@ def check(
     """
     import json
 
-    import pandas as pd
-
     from harness import gate
     from harness.config import load_expectations
-    from harness.matrix import expand
 
     _allowed("--format", fmt, ("table", "json"))
     rules = load_expectations(expect) if expect is not None else None
-    opened = _results(results, all_cells)
-    summary, cost, _, answers = _summaries(results, reference, allow_mixed, all_cells, opened)
+    analysis = _analysis(results, reference, allow_mixed, all_cells)
     if rules is None:
-        rules = [r for e in opened.experiments for r in e.experiment.expect]
+        rules = [r for e in analysis.results.experiments for r in e.experiment.expect]
         if not rules:
             raise HarnessError(f"{results}: the experiment has no 'expect:' rules; give --expect FILE")
-    on_disk = set(opened.cell_ids)  # the experiment's cells with no results are missing
-    missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for e in opened.experiments for c in expand(e)
-                            if c.id not in on_disk]).drop_duplicates("cell_id", ignore_index=True)
-    verdicts = gate.evaluate(rules, summary, cost, answers, missing if not missing.empty else None)
+    # the experiment's cells with no results are missing
+    verdicts = gate.evaluate(rules, analysis.summary, analysis.slowdown, analysis.answers, analysis.missing())
     if fmt == "json":
         record = {"folder": str(results), "passed": all(v.passed for v in verdicts),
                   "verdicts": [{"rule": v.rule, "passed": v.passed, "detail": v.detail} for v in verdicts]}

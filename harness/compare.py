@@ -12,14 +12,14 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from harness import provenance_fields
 from harness.errors import HarnessError
 from harness.metrics import (IMPLIED_BY_AXIS, KEY_COLUMNS, PROVENANCE_COLUMNS, first_divergence, keys_of, pair_lookup,
                              per_value, refuse_mixed)
 from harness.results import Results
 
 #: where and with what each folder was made; every one that differs is shown beside the comparison
-CONTEXT = ("host", "cpu", "gpu_name", "gpu_driver", "cuda_version", "engine_version", "model_sha256",
-           "library_versions", "python_version", "harness_version", "git_commit", "schema_version")
+CONTEXT = provenance_fields.CONTEXT
 #: texts are not read per run: they are looked up per distinct output (`_with_texts`)
 COLUMNS = list(dict.fromkeys(list(KEY_COLUMNS) + ["cell_id", "prompt_id", "repeat", "status", "output_hash"]
                              + PROVENANCE_COLUMNS + list(CONTEXT)))

@@ -423,9 +423,11 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
     largest = max(experiment.matrix.batch_size + [e.get("batch_size", 1) for e in include])
     if experiment.batch_fill == "copies":
         clash = [k for k in ("probe_logits", "probe_prefill", "unseeded_fillers") if getattr(experiment, k)]
+        clash += ["filler_tokens > 0"] * any(v > 0 for v in experiment.matrix.filler_tokens +
+                                              [e.get("filler_tokens", 0) for e in include])
         if clash:
             raise ConfigError(f"{source.where(('batch_fill',))}: batch_fill: copies has no single target or "
-                              f"fillers; it cannot be combined with {', '.join(clash)}: true")
+                              f"fillers; it cannot be combined with {', '.join(c if '>' in c else c + ': true' for c in clash)}")
     elif largest > 1 and not prompt_set.fillers:
         raise ConfigError(
             f"{source.where(('matrix', 'batch_size'))}: matrix.batch_size: batch size {largest} "

@@ -4,10 +4,14 @@ Long prompts, prefix sharing and chunked prefill are swept through the `context_
 The text is the experiment's own, or a seeded run of common words; a cell takes as many of
 its leading words as fit in the wanted number of tokens of the engine's own tokenizer, so
 the same setting means the same length on every engine that can count tokens.
+
+The `filler_tokens` axis uses the same words to make each batch-mate's prompt N tokens long
+(`padded`), so that a batch's total tokens can be swept with the batch's requests unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Callable
 
@@ -64,3 +68,15 @@ def shared_context(text: str | None, seed: int, tokens: int, count: Callable[[st
 def with_context(context: str, prompt: str) -> str:
     """The user message of a prompt in a cell with a shared context."""
     return f"{context}{SEPARATOR}{prompt}" if context else prompt
+
+
+def padded(text: str, tokens: int, key: str, count: Callable[[str], int]) -> str:
+    """A batch-mate's prompt made `tokens` long as the engine's tokenizer counts it (the `filler_tokens`
+    axis): common words drawn with a generator seeded by `key` (one per filler, so that mates share no
+    prefix a prefix cache could reuse), then its own text. A prompt already that long is left as it is."""
+    if tokens <= 0 or count(text) >= tokens:
+        return text
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    words = generated_words(seed, 2 * tokens + 16)
+    pad, _ = fit(words, tokens, lambda lead: count(with_context(lead, text)))
+    return with_context(pad, text)

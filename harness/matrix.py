@@ -31,6 +31,9 @@ class Cell:
     group_id: str
     settings: tuple[tuple[str, Any], ...]
     engine_options: tuple[tuple[str, Any], ...]
+    #: the id without the prompt set and repeat count: what one run's output depends on beside its
+    #: batch (harness.reuse); cells of two versions of an experiment with equal settings share it
+    settings_id: str = ""
 
     def __getitem__(self, axis: str) -> Any:
         return dict(self.settings)[axis]
@@ -96,8 +99,9 @@ def load_label(spec: LoadSpec, others: list[LoadSpec]) -> str:
     setting that tells it apart ('llamacpp / smollm2-135m dtype=f32 batch_invariant=True')."""
     fields = ("dtype", "gpu", "batch_invariant", "prefill_chunk", "kv_cache_dtype", "prefix_caching")
     differ = [f for f in fields if len({getattr(o, f) for o in others}) > 1]
-    keys = sorted({k for o in others for k in o.options})
-    options = [k for k in keys if len({repr(redact(o.options.get(k), k)) for o in others}) > 1]
+    same = [o for o in others if o.engine == spec.engine]  # options are told apart within one engine
+    keys = sorted({k for o in same for k in o.options})
+    options = [k for k in keys if len({repr(redact(o.options.get(k), k)) for o in same}) > 1]
     extra = [f"{f}={getattr(spec, f)}" for f in differ] + [f"{k}={redact(spec.options.get(k), k)}" for k in options]
     return " ".join([f"{spec.engine} / {spec.model}"] + extra)
 
@@ -141,6 +145,7 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
         if settings["context_tokens"] > 0:
             identity["context"] = exp.context.model_dump()
         cell_id = _digest(identity | common | {"options": stored})
+        per_run = {k: v for k, v in common.items() if k not in ("prompts", "repeats")}
         cells.setdefault(
             cell_id,
             Cell(
@@ -148,6 +153,7 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
                 group_id=_digest(group_key, 8),
                 settings=tuple((a, settings[a]) for a in names),
                 engine_options=tuple(sorted(options.items())),
+                settings_id=_digest(identity | per_run | {"options": stored}),
             ),
         )
     if not cells:

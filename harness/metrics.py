@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
+from harness import provenance_fields
 from harness.config import AXES, Matrix, option_axis, option_value
 from harness.errors import HarnessError, UsageError
 
@@ -41,9 +42,9 @@ PROBE_STAT_COLUMNS = [
 #: What must agree between a run and the run it is compared or pooled with: another model file,
 #: engine version, row schema or chat template makes a difference that is not the axis's, and so
 #: does another machine ('host': the node, its GPU's uuid, driver and CUDA version).
-MIXABLE: tuple[str, ...] = ("model_sha256", "engine_version", "schema_version", "chat_template", "host")
+MIXABLE: tuple[str, ...] = provenance_fields.MIXABLE
 #: the row columns that say which machine made a row; together they are the 'host' above
-MACHINE_COLUMNS = ("host", "gpu_uuid", "gpu_driver", "cuda_version")
+MACHINE_COLUMNS = provenance_fields.MACHINE
 #: what a compared axis changes by its nature (a dtype export is another model file, another GPU
 #: type is another machine, ...)
 IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
@@ -52,7 +53,8 @@ IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
     "engine": frozenset({"engine_version", "model_sha256", "chat_template"}),
     "gpu": frozenset({"host"}),
 }
-PROVENANCE_COLUMNS = ["model_sha256", "engine_version", "schema_version", "engine_info", *MACHINE_COLUMNS]
+#: the row columns the pairing rule reads
+PROVENANCE_COLUMNS = list(provenance_fields.PAIRED)
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
     "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used",

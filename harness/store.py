@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import harness
+from harness import provenance_fields
 from harness.axes import AXES_DECLARED
 from harness.errors import HarnessError
 
@@ -24,10 +25,10 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: context_tokens, prefill_chunk and kv_cache_dtype axes, cached_tokens, context_tokens_used,
 #: logprobs_hash and the prefill_probe_* columns; 5 what ran (harness.enforced: device, backend,
 #: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend);
-#: 6 seed_check (the seed control's verdict).
+#: 6 seed_check (the seed control's verdict); 7 run_key (what one run depends on: harness.reuse).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -42,6 +43,7 @@ ROW_SCHEMA = pa.schema(
         ("repeat", pa.int32()),
         ("batch_position", pa.int32()),
         ("filler_ids", pa.list_(pa.string())),
+        ("run_key", pa.string()),
         # settings: one column per declared axis (harness.axes), named and typed by it
         *[(axis.name, axis.arrow) for axis in AXES_DECLARED],
         ("max_tokens", pa.int32()),
@@ -127,9 +129,7 @@ ROW_SCHEMA = pa.schema(
 #: text columns that say where and with what a row was made: the CLI's readers read them as
 #: pandas categoricals (they only compare, group and list them, and a categorical does that
 #: without hashing a million strings); by default they read back as Python strings
-WHERE_MADE = ("model_sha256", "engine_version", "device", "device_uuid", "backend", "attention_backend", "host", "platform", "cpu", "gpu_name", "gpu_driver", "gpu_uuid",
-              "gpu_compute_cap", "cuda_version", "library_versions", "python_version", "harness_version",
-              "git_commit", "engine_info", "env", "job_id", "job_array_index")
+WHERE_MADE = tuple(n for n in provenance_fields.NAMES if ROW_SCHEMA.field(n).type == pa.string())
 
 #: the key of a cell file's metadata that records its landing (run_id, writer, written_at, statuses)
 LANDING_KEY = b"harness.landing"
@@ -244,6 +244,16 @@ def _shared_strings(frame: "pd.DataFrame", keep: Iterable[str] = ()) -> "pd.Data
     return frame
 
 
+def _rows_at(path: Path) -> list[dict[str, Any]]:
+    """A file's rows as written; empty when it is gone or unreadable; refused when a newer harness wrote it."""
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError):
+        return []
+    _refuse_newer(path, table)
+    return table.to_pylist()
+
+
 class Store:
     """The cell files of a results folder: `cells/<cell_id>.parquet`, each written atomically.
 
@@ -343,13 +353,11 @@ class Store:
 
     def read_part(self, cell_id: str, name: str) -> list[dict[str, Any]]:
         """A checkpoint's rows as written; empty when the file is gone or unreadable."""
-        path = self.part_dir(cell_id) / name
-        try:
-            table = pq.read_table(path)
-        except (pa.ArrowInvalid, OSError):
-            return []
-        _refuse_newer(path, table)
-        return table.to_pylist()
+        return _rows_at(self.part_dir(cell_id) / name)
+
+    def read_cell_rows(self, cell_id: str) -> list[dict[str, Any]]:
+        """A cell file's rows as written; empty when the file is gone or unreadable."""
+        return _rows_at(self.cell_path(cell_id))
 
     def remove_parts(self, cell_id: str) -> None:
         """Remove a cell's checkpoint files; its folder goes when nothing else is in it (a part

@@ -113,6 +113,10 @@ class GroupRunner:
         self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
         #: seed-control verdicts of this load, by the sampling, batch-mates and cache mode they tested
         self._seed_checks: dict[tuple[Any, ...], Any] = {}
+        #: batch-mates padded to filler_tokens with this engine's tokenizer, by (text, tokens)
+        self._mates: dict[tuple[str, int], str] = {}
+        #: the ok runs of the folder's stale cells, by run key (read at the first cell that looks)
+        self._reusable: Any = None
 
     def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
         landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force)
@@ -138,10 +142,14 @@ class GroupRunner:
         return "; ".join([describe_exception(exc)] + causes)
 
     def _context(self, engine: Any, cell: Cell) -> tuple[str, int]:
-        """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens."""
+        """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens
+        and the cell needs them counted (a context, or batch-mates of filler_tokens)."""
         from harness.context import shared_context
         from harness.engines.base import Engine, Unsupported
 
+        if cell["filler_tokens"] > 0 and type(engine).count_tokens is Engine.count_tokens:
+            raise Unsupported(f"filler_tokens {cell['filler_tokens']}: this engine has no tokenizer here to "
+                              "measure batch-mates with")
         wanted = cell["context_tokens"]
         if wanted <= 0:
             return "", 0
@@ -152,6 +160,23 @@ class GroupRunner:
             self._contexts[key] = shared_context(self.exp.context.text, self.exp.context.seed, wanted,
                                                  engine.count_tokens)
         return self._contexts[key]
+
+    def _texts(self, engine: Any, cell: Cell, batch: Any, context: str) -> list[str]:
+        """The user messages of a batch: the shared context before each, and every batch-mate padded
+        to the cell's filler_tokens (the target and copies of it as written)."""
+        from harness.context import padded, with_context
+
+        wanted = cell["filler_tokens"]
+        texts = []
+        for i, member in enumerate(batch.prompts):
+            text = member.text
+            if wanted > 0 and i != batch.target_position:
+                if (text, wanted) not in self._mates:
+                    seed = f"{self.exp.filler_seed}|{member.id}"
+                    self._mates[(text, wanted)] = padded(text, wanted, seed, engine.count_tokens)
+                text = self._mates[(text, wanted)]
+            texts.append(with_context(context, text))
+        return texts
 
     def _what_ran(self, engine: Any, cell: Cell) -> tuple[dict[str, Any], str | None]:
         """The row columns of what the engine says is in force, and why that contradicts the cell (or None)."""
@@ -211,12 +236,25 @@ class GroupRunner:
             self.reporter.log(f"cell {cell.id} failed: {reason}")
         self._land(cell, rows)
 
+    def _reused(self, cell: Cell, keys: dict[tuple[str, int], str], here: dict[str, Any]) -> dict[tuple[str, int], Any]:
+        """Runs of the folder's stale cells this cell wants ((prompt id, repeat) -> run key), made as
+        `here` says, as rows of this cell (harness.reuse); none under --force, which redoes every run."""
+        from harness.reuse import ReusableRuns, restamped
+
+        if self.order.force:
+            return {}
+        if self._reusable is None:
+            self._reusable = ReusableRuns(self.folder)
+        found = self._reusable.take(keys, here)
+        prompts = self.loaded.prompt_set
+        return {run: restamped(row, cell.id, self.exp.name, prompts.get(run[0])) for run, row in found.items()}
+
     def _cell_rows(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any,
                    progress: CellProgress) -> list[dict[str, Any]]:
         from harness import answers
-        from harness.context import with_context
         from harness.engines.base import Unsupported
         from harness.prompts import plan_batches
+        from harness.reuse import run_key
 
         copies = self.exp.batch_fill == "copies"
         sampling = cell.sampling(self.exp.max_tokens, self.exp.unseeded_fillers, copies)
@@ -231,26 +269,35 @@ class GroupRunner:
             return self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size()))
         plans = {p.id: plan_batches(prompt_set, p, size, self.exp.repeats, self.exp.filler_seed, self.exp.batch_fill)
                  for p in prompt_set.prompts}
+        keys = {(p.id, r): run_key(cell.settings_id, plan.batch, pos, r)
+                for p in prompt_set.prompts for plan in plans[p.id] for pos, r in plan.runs}
         if progress.kept:
             self.reporter.log(f"cell {cell.id}: {len(progress.kept)} run(s) kept from checkpoints; resuming")
             self.reporter.advance(len(progress.kept))
-        warm = plans[prompt_set.prompts[0].id][0].batch
-        since = self._log_size()  # causes logged from here on explain this cell's failures
-        try:  # warm-up: first use of a batch shape is not timed
-            engine.warm_up([with_context(context, p.text) for p in warm.prompts], warm.target_position, sampling)
-        except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
-            pass
+        reused = progress.keep(self._reused(cell, keys, progress.here))
+        if reused:
+            self.reporter.log(f"cell {cell.id}: {reused} run(s) kept from earlier results of the same settings, "
+                              "prompt and batch (stale cells)")
+            self.reporter.advance(reused)
         todo = [(prompt, plan) for prompt in prompt_set.prompts for plan in plans[prompt.id]
                 if not all(progress.has(prompt.id, r) for _, r in plan.runs)]
+        warm = plans[prompt_set.prompts[0].id][0].batch
+        since = self._log_size()  # causes logged from here on explain this cell's failures
+        try:  # warm-up: first use of a batch shape is not timed (with nothing left to run, none)
+            if todo:
+                engine.warm_up(self._texts(engine, cell, warm, context), warm.target_position, sampling)
+        except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
+            pass
         for index, (prompt, plan) in enumerate(todo):
             batch = plan.batch
             runs = [(pos, r) for pos, r in plan.runs if not progress.has(prompt.id, r)]
             bases = [self.rows.base(cell, prompt.id, r, engine_cols) | {
+                "run_key": keys[(prompt.id, r)],
                 "batch_position": pos,
                 "filler_ids": list(batch.filler_ids),
                 "context_tokens_used": context_used,
             } for pos, r in runs]
-            texts = [with_context(context, p.text) for p in batch.prompts]
+            texts = self._texts(engine, cell, batch, context)
             try:
                 if probes is None:
                     out, probe_cols = engine.generate(texts, batch.target_position, sampling, cache=cache,
@@ -307,27 +354,24 @@ class GroupRunner:
                     self._cell(engine, cell, engine_cols, probes)
 
 
-#: what a checkpointed row must share with this run to be kept: the same engine and model file,
-#: made on the same machine (a cell never mixes runs of two nodes)
-_SAME_MACHINE = ("engine_version", "model_sha256", "host", "gpu_uuid")
-
-
 class CellProgress:
     """The runs of one cell so far: those kept by earlier checkpoints, and new ones, checkpointed
     at most every `every_s` seconds as their batches finish (0: after every batch).
 
     Kept rows count only when they were made by the same engine version and model file as this
-    load, on the same machine (host, GPU), and ended ok or refused; failed ones run again.
+    load, on the same machine (host, GPU: harness.reuse.SAME_MACHINE), and ended ok or refused;
+    failed ones run again. Runs of stale cells (harness.reuse) may be kept too.
     """
 
     def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any],
                  machine: dict[str, Any] | None = None) -> None:
+        from harness.reuse import same_machine
         from harness.store import DONE_STATUSES
 
         self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
-        here = engine_cols | (machine or {})
+        self.here = engine_cols | (machine or {})
         self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
-                     if r["status"] in DONE_STATUSES and all(r.get(k) == here.get(k) for k in _SAME_MACHINE)}
+                     if r["status"] in DONE_STATUSES and same_machine(r, self.here)}
         self.new: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
         self._parts = 0
@@ -335,6 +379,12 @@ class CellProgress:
 
     def has(self, prompt_id: str, repeat: int) -> bool:
         return (prompt_id, repeat) in self.kept
+
+    def keep(self, rows: dict[tuple[str, int], dict[str, Any]]) -> int:
+        """Keep runs found elsewhere (stale cells) for those not kept yet; how many were taken."""
+        new = {run: row for run, row in rows.items() if run not in self.kept}
+        self.kept |= new
+        return len(new)
 
     def add(self, rows: list[dict[str, Any]], more: bool) -> None:
         """Rows of a finished batch; checkpointed when the interval has passed and batches remain

@@ -231,3 +231,30 @@ engine_options:
         assert picked.answer_expected == "A" and picked.answer_parsed == answers.parse(picked.text, choice)
     free = rows.loc[("free", 0)]
     assert pd.isna(free.answer_expected) and pd.isna(free.answer_parsed) and pd.isna(free.answer_correct)
+
+
+def test_prompts_with_one_run_are_left_out_of_tar_and_one_prompt_gives_no_interval():
+    rows = _rows()
+    # q2 at batch 4 keeps one ok run: it agrees with itself, which says nothing about repeatability
+    rows = rows[~((rows["batch_size"] == 4) & (rows["prompt_id"] == "q2") & (rows["repeat"] > 0))]
+    b4 = answer_metrics.answer_summary(rows, {"q1", "q2", "q3"}, {"batch_size": 1}).set_index("batch_size").loc[4]
+    # of q1 (answers vary) and q3 (answers same, texts differ), computed here by hand
+    assert b4.single_run_prompts == 1 and b4.prompts == 3
+    assert b4.tar_r == 0.0 and b4.tar_a == 0.5
+    one = answer_metrics.answer_summary(rows[rows["prompt_id"] == "q1"], {"q1"}, {"batch_size": 1})
+    assert one[["accuracy_low", "accuracy_high", "diff_low", "diff_high"]].isna().all().all()
+    assert not one["accuracy"].isna().any()
+
+
+def test_answer_agreement_for_an_engine_without_the_swept_option():
+    # a swept llamacpp option: the same answers from llama.cpp (n_batch 64) and from vLLM, whose
+    # cells have no value for that option
+    ours = _rows().assign(engine="llamacpp", **{"llamacpp.n_batch": "64"})
+    theirs = _rows().assign(engine="vllm", **{"llamacpp.n_batch": None})
+    theirs["cell_id"] = "v" + theirs["cell_id"]
+    table = answer_metrics.answer_summary(pd.concat([ours, theirs], ignore_index=True), {"q1", "q2", "q3"},
+                                          {"batch_size": 1})
+    assert len(table) == 4
+    for engine in ("llamacpp", "vllm"):
+        b4 = table[(table["engine"] == engine) & (table["batch_size"] == 4)].iloc[0]
+        assert b4.answer_agreement == pytest.approx(6 / 9) and b4.prompts_changed == pytest.approx(2 / 3)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from harness.analysis import Analysis
 from harness.axes import AXES
 from harness.report import html
 from harness.results import open_results
@@ -53,7 +54,7 @@ def test_every_chart_has_one_series_per_setting_with_distinct_labels(tmp_path):
     plots = tmp_path / "plots"
     charts = {name: pd.read_csv(plots / f"{name}.csv") for name in ("identical", "divergence", "margins", "slowdown",
                                                                    "splits")}
-    payload = html.build(open_results(tmp_path / "out"), {"batch_size": 1})["charts"]
+    payload = html.build(Analysis(open_results(tmp_path / "out"), {"batch_size": 1}))["charts"]
     for name, frame in charts.items():
         per = frame.groupby(["series", "batch_size"]).size()
         expected = {"identical": len(cells), "slowdown": len(cells) // 2}.get(name, len(departing))
@@ -72,6 +73,6 @@ def test_every_chart_has_one_series_per_setting_with_distinct_labels(tmp_path):
     for part in ("pcache=", "chunk=", "kv=", "ctx=", "llamacpp.n_ubatch=", "batch-invariant"):
         assert part in example, example
     # the report's viewer filters by every setting that varies, swept engine options included
-    assert set(html.build(open_results(tmp_path / "out"), {"batch_size": 1})["filters"]) == {
+    assert set(html.build(Analysis(open_results(tmp_path / "out"), {"batch_size": 1}))["filters"]) == {
         a for a in AXES if a in ("batch_size", "prefix_cache", "prefill_chunk", "kv_cache_dtype", "context_tokens",
                                  "batch_invariant")} | {"llamacpp.n_ubatch"}

@@ -177,3 +177,16 @@ def test_rows_from_before_the_cache_axes_read_back_at_their_defaults(tmp_path):
     assert rows.loc["new", "prefix_cache"] == "warm" and rows.loc["new", "context_tokens"] == 9
     # a swept option is a text column of the files that have it, empty in the others
     assert rows.loc["new", "llamacpp.n_ubatch"] == "16" and pd.isna(rows.loc["old", "llamacpp.n_ubatch"])
+
+
+def test_verdict_lines_keep_settings_an_engine_does_not_have():
+    from harness.report.table import verdict_lines
+
+    # llama.cpp sweeps its n_batch; vLLM's cells have no value for it, and must keep their verdicts
+    records = [{"engine": e, "batch_size": b, "llamacpp.n_batch": nb, "compared": 3, "diverged": d,
+                "first_divergence_min": 5 if d else None, "runs": 3, "reference_cell": "r", "reference": "batch_size=1"}
+               for e, nb in (("llamacpp", "64"), ("llamacpp", "512"), ("vllm", None)) for b, d in ((1, 0), (8, 1))]
+    lines = verdict_lines(pd.DataFrame(records))
+    assert len(lines) == 6
+    assert "engine=vllm, batch_size=8: 2/3 runs identical to the reference, first divergence at token 5" in "\n".join(lines)
+    assert not any("nan" in line or "None" in line for line in lines)

@@ -534,3 +534,14 @@ def test_readers_give_the_values_a_plain_read_gives(tmp_path):
     runs.loc[99] = [cells[0].id, "a", 7]
     wanted = [list(m) for m in plain["margins"].iloc[[17, 3, 8]]] + [None]
     assert [None if m is None else list(m) for m in store.values_at("margins", runs)] == wanted
+
+
+def test_every_declared_provenance_field_is_a_row_column_and_every_role_is_used():
+    from harness import provenance_fields
+    from harness.store import ROW_SCHEMA
+
+    assert set(provenance_fields.NAMES) <= set(ROW_SCHEMA.names)
+    # the machine label reads its columns by position: host, GPU uuid, driver, CUDA
+    assert provenance_fields.MACHINE == ("host", "gpu_uuid", "gpu_driver", "cuda_version")
+    assert set(provenance_fields.SAME_LOAD) == {"model_sha256", "engine_version", "host", "gpu_uuid"}
+    assert {"model_sha256", "engine_version", "schema_version", "chat_template", "host"} == set(provenance_fields.MIXABLE)

@@ -18,21 +18,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import metrics
-from harness.answer_metrics import ANSWER_ROW_COLUMNS
+from harness import metrics, provenance_fields
+from harness.analysis import Analysis
 from harness.config import AXES
 from harness.probes import PROBE_COLUMNS
 from harness.report import charts as charts_mod
 from harness.results import Results
 
-PROVENANCE = ("host", "platform", "cpu", "cpu_count", "gpu_name", "gpu_count", "gpu_driver", "cuda_version",
-              "engine_version", "python_version", "harness_version", "git_commit", "library_versions")
-
-
-#: the row columns the page needs (token lists and texts are read per distinct output, not per run)
-REPORT_COLUMNS = list(dict.fromkeys(
-    metrics.ROW_COLUMNS + ANSWER_ROW_COLUMNS + ["run_id", "max_tokens", "experiment"]
-    + list(PROVENANCE) + list(PROBE_COLUMNS)))
+#: the folder's context shown in the page's header (harness.provenance_fields)
+PROVENANCE = provenance_fields.CONTEXT
 
 
 def _plain(value: Any) -> Any:
@@ -181,15 +175,9 @@ def _prompt_texts(results: Results) -> dict[str, str]:
     return {p.id: p.text for loaded in results.experiments for p in loaded.prompt_set.prompts}
 
 
-def build(
-    store: Results, reference: dict[str, Any] | None = None, allow_mixed: frozenset[str] = frozenset()
-) -> dict[str, Any]:
+def build(analysis: Analysis) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
-    reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
-    rows = store.read_rows(REPORT_COLUMNS, provenance_as_categories=True)
-    annotated = metrics.against_reference(rows, store.tokens_for, reference, allow_mixed)
-    chart = charts_mod.compute(rows, annotated, reference, allow_mixed, store.answer_prompts(), store.margins_for)
-    charts_mod.add_splits(chart, rows, store.tokens_for, store.texts_for)
+    store, rows, annotated, chart = analysis.results, analysis.report_rows, analysis.paired, analysis.charts
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 
     runs = _run_entries(annotated, rows[rows["status"] != "ok"], margins)
@@ -242,11 +230,9 @@ def render(payload: dict[str, Any]) -> str:
     )
 
 
-def write(
-    store: Results, out: Path, reference: dict[str, Any] | None = None, allow_mixed: frozenset[str] = frozenset()
-) -> dict[str, Any]:
+def write(analysis: Analysis, out: Path) -> dict[str, Any]:
     """Build and write the report atomically; returns the payload (for the CLI's summary line)."""
-    payload = build(store, reference, allow_mixed)
+    payload = build(analysis)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 from rich.markup import escape
@@ -57,6 +58,13 @@ def machine_lines(summary: pd.DataFrame, most: int = 5) -> list[str]:
     return lines
 
 
+def _setting_label(axes: list[str], key: Any) -> str:
+    """'engine=vllm, batch_size=8' for one group of settings; a setting the cell does not have (another
+    engine's swept option) is left out."""
+    key = key if isinstance(key, tuple) else (key,)
+    return escape(", ".join(f"{a}={v}" for a, v in zip(axes, key) if not pd.isna(v)))
+
+
 def verdict_lines(summary: pd.DataFrame) -> list[str]:
     """One line per setting, pooled over prompts: how many runs matched the reference."""
     from harness.metrics import upper95
@@ -64,9 +72,8 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
     varying = _varying(summary) or ["engine"]
     ok = summary[summary["compared"].fillna(0) > 0]
     lines = []
-    for key, part in ok.groupby(varying, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        label = escape(", ".join(f"{a}={v}" for a, v in zip(varying, key)))
+    for key, part in ok.groupby(varying, sort=True, dropna=False):
+        label = _setting_label(varying, key)
         compared, diverged = int(part["compared"].sum()), int(part["diverged"].sum())
         bound = upper95(diverged, compared)
         text = f"{label}: {compared - diverged}/{compared} runs identical to the reference"
@@ -80,9 +87,8 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
             text += f"; {same}/{lp} with bitwise-equal log-probabilities"
         lines.append(text)
     orphans = summary[(summary["runs"] > 0) & summary["reference_cell"].isna()]
-    for key, part in orphans.groupby(varying, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        label = escape(", ".join(f"{a}={v}" for a, v in zip(varying, key)))
+    for key, part in orphans.groupby(varying, sort=True, dropna=False):
+        label = _setting_label(varying, key)
         lines.append(f"{label}: no reference run ({part['reference'].iloc[0]}) for {len(part)} prompt(s); "
                      "those runs are not compared")
     return lines
