@@ -194,9 +194,10 @@ class LlamaServerEngine(Engine):
         self._ensure(n, prompts, sampling.max_tokens)
         assert self.server is not None
         if cache != "off":
-            # Each request pinned to its own slot, so that the target's slot is the one warmed
-            # (warm) or erased (cold), and no filler takes it first.
             self._erase_slots()
+        # Each request pinned to its own slot: a batch of N is N sequences decoded together (left to
+        # itself, the server may queue a request behind another on one slot, and the batch is then
+        # smaller than asked), and the target's slot is the one warmed (warm) or erased (cold).
         bodies = []
         for i, text in enumerate(prompts):
             seed = sampling.seed_for(i, target)
@@ -213,7 +214,8 @@ class LlamaServerEngine(Engine):
                 "return_tokens": True,
                 "cache_prompt": cache != "off",
                 "ignore_eos": self.opts.ignore_eos,
-            } | ({"id_slot": i} if cache != "off" else {}))
+                "id_slot": i,
+            })
         if cache == "warm":  # the target prompt, served just before on the target's slot
             post_json(f"{self.url}/completion", bodies[target] | {"n_predict": 1}, self.opts.request_timeout_s)
         try:
@@ -223,6 +225,10 @@ class LlamaServerEngine(Engine):
                 raise RuntimeError(f"llama-server died: {exc}; log: {self.server.log_tail()}") from None
             raise
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
+        slots = [a.get("id_slot") for a in answers]
+        if None not in slots and len(set(slots)) < len(slots):  # never recorded as a batch of N: it was not one
+            raise RuntimeError(f"llama-server served the batch's {len(slots)} requests on {len(set(slots))} slots "
+                               f"({slots}): some waited for others, so the batch was smaller than asked")
         answer = answers[target]
         every = [_sequence(a, self.end_ids) for a in answers] if members else []
         timings = answer.get("timings", {})
@@ -238,9 +244,8 @@ class LlamaServerEngine(Engine):
             members=every,
             detail={
                 # with members, a row is one member: each member's slot, in batch order
-                **({"member_slots": [a.get("id_slot") for a in answers]} if members
-                   else {"id_slot": answer.get("id_slot")}),
-                "slots_used": sorted({a.get("id_slot") for a in answers}),
+                **({"member_slots": slots} if members else {"id_slot": answer.get("id_slot")}),
+                "slots_used": sorted(set(slots)),
                 "requests_overlapped": sent.overlapped,
                 "release_spread_s": round(sent.release_spread_s, 6),
                 "server_prompt_ms": timings.get("prompt_ms"),
