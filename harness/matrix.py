@@ -18,7 +18,8 @@ from harness.redaction import redact
 
 
 
-def _digest(payload: dict[str, Any], size: int = 12) -> str:
+def digest(payload: dict[str, Any], size: int = 12) -> str:
+    """A short, stable hash of plain data (key order does not matter): cell, group, settings and run ids."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:size]
 
@@ -144,16 +145,16 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
         identity = {k: v for k, v in settings.items() if LATER_AXES_DEFAULTS.get(k, object()) != v}
         if settings["context_tokens"] > 0:
             identity["context"] = exp.context.model_dump()
-        cell_id = _digest(identity | common | {"options": stored})
+        cell_id = digest(identity | common | {"options": stored})
         per_run = {k: v for k, v in common.items() if k not in ("prompts", "repeats")}
         cells.setdefault(
             cell_id,
             Cell(
                 id=cell_id,
-                group_id=_digest(group_key, 8),
+                group_id=digest(group_key, 8),
                 settings=tuple((a, settings[a]) for a in names),
                 engine_options=tuple(sorted(options.items())),
-                settings_id=_digest(identity | per_run | {"options": stored}),
+                settings_id=digest(identity | per_run | {"options": stored}),
             ),
         )
     if not cells:

@@ -15,11 +15,10 @@ before run keys existed (schema 6 and older) are never reused.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import TYPE_CHECKING, Any
 
 from harness import provenance_fields
+from harness.matrix import digest
 from harness.prompts import Batch, Prompt
 
 if TYPE_CHECKING:
@@ -35,10 +34,8 @@ ANSWER_COLUMNS = ("answer_parsed", "answer_expected", "answer_correct")
 def run_key(settings_id: str, batch: Batch, position: int, repeat: int) -> str:
     """What one run's output depends on beyond its engine load: the cell's settings, the batch's
     members in order, which of them is measured, and the repeat (seeded draws use it)."""
-    payload = {"settings": settings_id, "repeat": repeat, "position": position,
-               "target": batch.prompts[position].id, "members": [p.text for p in batch.prompts]}
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return digest({"settings": settings_id, "repeat": repeat, "position": position,
+                   "target": batch.prompts[position].id, "members": [p.text for p in batch.prompts]}, 20)
 
 
 def same_machine(row: dict[str, Any], here: dict[str, Any]) -> bool:
