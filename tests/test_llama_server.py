@@ -160,13 +160,17 @@ def test_prefix_cache_chunk_and_context_on_the_real_server(tmp_path):
 
 
 def _servers_of(folder: Path) -> list[int]:
-    """llama-server processes started for this results folder (their environment names its log folder)."""
+    """llama-server processes serving for this results folder (their environment names its log folder).
+    Only servers: the short `llama-server --version` the engine runs at load is not one, and a test that
+    saw it would wait for nothing, then find it gone."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if b"llama-server" in (proc / "cmdline").read_bytes() and str(folder).encode() in (proc / "environ").read_bytes():
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+            if (command[0].endswith(b"llama-server") and b"--parallel" in command
+                    and str(folder).encode() in (proc / "environ").read_bytes()):
                 found.append(int(proc.name))
         except OSError:
             continue
@@ -180,13 +184,15 @@ def test_no_server_outlives_harness_run(tmp_path, how):
     (tmp_path / "exp.yaml").write_text(EXPERIMENT.replace("engine: [llama-server, llamacpp]", "engine: [llama-server]")
                                        .replace("max_tokens: 16", "max_tokens: 400").replace("repeats: 2", "repeats: 50"))
     out = tmp_path / "out"
-    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", str(out), "--no-summary"],
-                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    said = tmp_path / "run.log"
+    with open(said, "wb") as log:
+        run = subprocess.Popen([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", str(out), "--no-summary"],
+                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not _servers_of(out / "logs"):
+        while time.monotonic() < deadline and run.poll() is None and not _servers_of(out / "logs"):
             time.sleep(0.2)
-        assert _servers_of(out / "logs"), "the server was never seen running"
+        assert _servers_of(out / "logs"), f"the server was never seen running; harness run said: {said.read_text()[-3000:]}"
         run.send_signal(how)
         run.wait(60)
     finally:  # a failure here must not leave this run and its server to the tests that follow
