@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness import answer_metrics, metrics, provenance_fields
+from harness import answer_metrics, by_setting, metrics, near_ties, provenance_fields, survival
 from harness.probes import PROBE_COLUMNS
 from harness.results import Results
 
@@ -29,19 +29,28 @@ REPORT_COLUMNS = list(dict.fromkeys(SUMMARY_COLUMNS + ["run_id", "max_tokens", "
 
 
 class Analysis:
-    """A results folder read against `reference` (default: batch size 1) under `allow_mixed`."""
+    """A results folder read against `reference` (default: batch size 1) under `allow_mixed`, the
+    reference cell's run of each prompt chosen by `reference_run` (metrics.REFERENCE_RUNS)."""
 
     def __init__(self, results: Results, reference: dict[str, Any] | None = None,
-                 allow_mixed: Iterable[str] = frozenset()) -> None:
+                 allow_mixed: Iterable[str] = frozenset(), reference_run: str = "first",
+                 near_tie: float = near_ties.NEAR_TIE) -> None:
+        metrics.refuse_reference_run(reference_run)
         self.results = results
         self.reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
         self.allow_mixed = frozenset(allow_mixed)
+        self.reference_run = reference_run
+        #: the top-2 margin below which a step is a near tie (harness.near_ties)
+        self.near_tie = near_tie
 
     @classmethod
-    def parsed(cls, results: Results, reference: list[str], allow_mixed: list[str]) -> Analysis:
-        """From command-line values: `--reference AXIS=VALUE ...` and `--allow-mixed FIELD ...`
-        (bad values are a UsageError naming what is allowed)."""
-        return cls(results, metrics.parse_reference(reference or []), metrics.parse_allow_mixed(allow_mixed))
+    def parsed(cls, results: Results, reference: list[str], allow_mixed: list[str],
+               reference_run: str = "first", near_tie: float = near_ties.NEAR_TIE) -> Analysis:
+        """From command-line values: `--reference AXIS=VALUE ...`, `--allow-mixed FIELD ...`,
+        `--reference-run first|modal` and `--near-tie EPS` (bad values are a UsageError naming what
+        is allowed)."""
+        return cls(results, metrics.parse_reference(reference or []), metrics.parse_allow_mixed(allow_mixed),
+                   reference_run, near_tie)
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -58,10 +67,33 @@ class Analysis:
     # -- statistics ----------------------------------------------------------------------------
 
     @cached_property
+    def compared(self) -> pd.DataFrame:
+        """The ok rows, each with its reference run and where it departs from it (metrics.against_reference)."""
+        r = self.results
+        return metrics.against_reference(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+                                         self.reference_run)
+
+    @cached_property
     def summary(self) -> pd.DataFrame:
         """Per cell and prompt: runs, unique outputs, match rate, first divergence, bounds."""
         r = self.results
-        return metrics.summarize(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for)
+        return metrics.summarize(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+                                 self.reference_run, compared=self.compared)
+
+    @cached_property
+    def survival(self) -> pd.DataFrame:
+        """Per setting, the share of runs still identical to the reference after t tokens (harness.survival)."""
+        return survival.curves(self.compared)
+
+    @cached_property
+    def near_ties(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(per setting, per setting and margin bucket): departures per close call (harness.near_ties)."""
+        return near_ties.count(self.compared, self.results.margins_for, self.near_tie)
+
+    @cached_property
+    def by_setting(self) -> pd.DataFrame:
+        """Per setting: compared runs, divergence rate with both bounds, survival median, near ties."""
+        return by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties[0])
 
     @cached_property
     def slowdown(self) -> pd.DataFrame:
@@ -74,12 +106,14 @@ class Analysis:
 
     @cached_property
     def answers(self) -> pd.DataFrame:
-        return answer_metrics.answer_summary(self.rows, self.results.answer_prompts(), self.reference)
+        return answer_metrics.answer_summary(self.rows, self.results.answer_prompts(), self.reference,
+                                             reference_run=self.reference_run)
 
     @cached_property
     def paired(self) -> pd.DataFrame:
         """The ok report rows, each with its reference run and where it departs from it."""
-        return metrics.against_reference(self.report_rows, self.results.tokens_for, self.reference, self.allow_mixed)
+        return metrics.against_reference(self.report_rows, self.results.tokens_for, self.reference, self.allow_mixed,
+                                         reference_run=self.reference_run)
 
     @cached_property
     def charts(self) -> Charts:
@@ -87,8 +121,7 @@ class Analysis:
         from harness.report import charts
 
         r = self.results
-        data = charts.compute(self.report_rows, self.paired, self.reference, self.allow_mixed, r.answer_prompts(),
-                              r.margins_for)
+        data = charts.compute(self)
         charts.add_splits(data, self.report_rows, r.tokens_for, r.texts_for)
         return data
 
@@ -105,15 +138,31 @@ class Analysis:
 
     # -- writing, only when asked --------------------------------------------------------------
 
+    def table(self, name: str) -> pd.DataFrame:
+        """One of TABLES by its name."""
+        return getattr(self, TABLES[name][0]) if name != "flips_by_margin" else self.near_ties[1]
+
     def save(self, out: Path | None = None) -> None:
-        """Write the summaries as Parquet into the folder (summary and slowdown always; probes and
-        answers where there are any), each renamed into place whole."""
+        """Write the TABLES as Parquet into the folder (those marked always even when empty; the
+        others where there are any), each renamed into place whole."""
         from harness.store import Store
 
         root = Path(out or self.results.root)
         store = Store(root)
-        frames = (("summary", self.summary), ("slowdown", self.slowdown), ("probes", self.probes),
-                  ("answers", self.answers))
-        for name, frame in frames:
-            if name in ("summary", "slowdown") or not frame.empty:
-                store.atomic_write(root / f"{name}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
+        for name, (_, stem, always) in TABLES.items():
+            frame = self.table(name)
+            if always or not frame.empty:
+                store.atomic_write(root / f"{stem}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
+
+
+#: the tables of an analysis, by the name `summarize --what` takes: (attribute, file stem in the
+#: results folder, written even when empty)
+TABLES: dict[str, tuple[str, str, bool]] = {
+    "cells": ("summary", "summary", True),
+    "settings": ("by_setting", "settings", True),
+    "slowdown": ("slowdown", "slowdown", True),
+    "probes": ("probes", "probes", False),
+    "answers": ("answers", "answers", False),
+    "survival": ("survival", "survival", False),
+    "flips_by_margin": ("near_ties", "flips_by_margin", False),
+}

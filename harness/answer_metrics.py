@@ -12,7 +12,9 @@ Per setting (the cells' axes), over the prompts that carry a parse rule:
     accuracy_diff     accuracy minus the reference setting's, over the prompts both have
 Bootstrap 95 % intervals resample prompts (seeded: the same seed gives the same interval); with
 fewer than two prompts there is no interval (NaN), never a point posing as one.
-The reference is the one token statistics use: the same settings except the --reference axes.
+The reference is the one token statistics use: the same settings except the --reference axes, and
+of that setting's runs the one --reference-run chooses (metrics.reference_repeats), so an answer
+verdict and a token verdict of a prompt are judged against the same run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from harness.metrics import KEY_COLUMNS, keys_of
+from harness.metrics import KEY_COLUMNS, keys_of, reference_repeats
 
 ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "output_hash", "n_tokens", "answer_parsed", "answer_expected",
@@ -37,12 +39,15 @@ def answered(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:
     return ok.assign(answer_key=ok["answer_parsed"].fillna("\0none"))
 
 
-def per_prompt(ok: pd.DataFrame) -> pd.DataFrame:
-    """One record per setting and prompt, from `answered` rows."""
+def per_prompt(ok: pd.DataFrame, reference_run: str = "first") -> pd.DataFrame:
+    """One record per setting and prompt, from `answered` rows; `first_answer` and `first_repeat`
+    are those of the run `reference_run` chooses."""
     keys = keys_of(ok)
     ok = ok.copy()
     ok["right"] = ok["answer_correct"].astype("boolean").astype("Float64")
-    first = ok.sort_values("repeat").drop_duplicates(keys + ["prompt_id"])[keys + ["prompt_id", "answer_key"]]
+    chosen = ok.merge(reference_repeats(ok, reference_run)[["cell_id", "prompt_id", "reference_repeat"]],
+                      on=["cell_id", "prompt_id"])
+    first = chosen[chosen["repeat"] == chosen["reference_repeat"]][keys + ["prompt_id", "answer_key", "repeat"]]
     g = ok.groupby(keys + ["prompt_id"], dropna=False)
     out = pd.DataFrame({
         "runs": g.size(),
@@ -54,7 +59,8 @@ def per_prompt(ok: pd.DataFrame) -> pd.DataFrame:
         "has_answer": g["answer_expected"].count() > 0,
         "length_spread": g["n_tokens"].max() - g["n_tokens"].min(),
     }).reset_index()
-    return out.merge(first.rename(columns={"answer_key": "first_answer"}), on=keys + ["prompt_id"], how="left")
+    return out.merge(first.rename(columns={"answer_key": "first_answer", "repeat": "first_repeat"}),
+                     on=keys + ["prompt_id"], how="left")
 
 
 def bootstrap(values: np.ndarray, seed: int, draws: int = BOOTSTRAP) -> tuple[float, float]:
@@ -68,12 +74,12 @@ def bootstrap(values: np.ndarray, seed: int, draws: int = BOOTSTRAP) -> tuple[fl
 
 
 def answer_summary(
-    rows: pd.DataFrame, prompts: Iterable[str], reference: dict[str, Any], seed: int = 0
+    rows: pd.DataFrame, prompts: Iterable[str], reference: dict[str, Any], seed: int = 0, reference_run: str = "first"
 ) -> pd.DataFrame:
     """One record per setting: answer agreement, accuracy with intervals, and the change against the reference."""
     keys = keys_of(rows)
     ok = answered(rows, prompts)
-    table = per_prompt(ok)
+    table = per_prompt(ok, reference_run)
     columns = keys + ["prompts", "runs", "single_run_prompts", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high", "best",
                       "worst", "spread", "answer_agreement", "prompts_changed", "accuracy_diff", "diff_low",
                       "diff_high", "length_spread_median", "length_spread_max", "reference"]
@@ -104,8 +110,9 @@ def answer_summary(
         rec.update(answer_agreement=np.nan, prompts_changed=np.nan, accuracy_diff=np.nan, diff_low=np.nan,
                    diff_high=np.nan)
         if ref is not None:
-            answers = _select(ok, setting).merge(ref[["prompt_id", "first_answer"]], on="prompt_id")
-            judged = answers[answers["repeat"] > 0] if ref_key == key else answers  # not the reference run itself
+            answers = _select(ok, setting).merge(ref[["prompt_id", "first_answer", "first_repeat"]], on="prompt_id")
+            # not the reference run itself
+            judged = answers[answers["repeat"] != answers["first_repeat"]] if ref_key == key else answers
             if len(judged):
                 same = judged["answer_key"] == judged["first_answer"]
                 rec["answer_agreement"] = float(same.mean())

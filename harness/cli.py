@@ -35,6 +35,19 @@ REFERENCE_HELP = (
 )
 
 
+REFERENCE_RUN_HELP = (
+    "Which run of the reference setting stands for it, per prompt: 'first' (its first ok run) or 'modal' "
+    "(its most frequent output; ties go to the earlier run, and the summary says so in reference_tie). "
+    "Token and answer statistics use the same run."
+)
+
+
+NEAR_TIE_HELP = (
+    "The top-1 minus top-2 margin (logit or log-probability gap) below which a step is a near tie, for the "
+    "near-tie density and flips per near tie."
+)
+
+
 def _console() -> Console:
     return wide_console()
 
@@ -63,11 +76,15 @@ def _results(folder: Path, all_cells: bool = False):
     return results
 
 
-def _analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False):
-    """The folder read against `--reference` under `--allow-mixed` (harness.analysis): reading only."""
+def _analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False,
+              reference_run: str = "first", near_tie: float | None = None):
+    """The folder read against `--reference` and `--reference-run` under `--allow-mixed`
+    (harness.analysis): reading only."""
     from harness.analysis import Analysis
+    from harness.near_ties import NEAR_TIE
 
-    return Analysis.parsed(_results(folder, all_cells), reference, allow_mixed)
+    return Analysis.parsed(_results(folder, all_cells), reference, allow_mixed, reference_run,
+                           NEAR_TIE if near_tie is None else near_tie)
 
 
 def _print_summaries(console: Console, title: str, analysis) -> None:
@@ -76,7 +93,7 @@ def _print_summaries(console: Console, title: str, analysis) -> None:
 
     summary, cost, probes, answers = analysis.summary, analysis.slowdown, analysis.probes, analysis.answers
     console.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
-    for line in verdict_lines(summary):
+    for line in verdict_lines(summary, analysis.by_setting):
         console.print(line)
     for line in machine_lines(summary):
         console.print(line)
@@ -140,6 +157,7 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder (default: results/<name>)."),
     force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
     summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the summary table at the end."),
     timeout: Optional[float] = typer.Option(
         None, "--timeout", help="Seconds one engine group may take; past it its unfinished cells are failed."
@@ -171,7 +189,7 @@ def run(
         cell_ids=frozenset(c.strip() for c in cells.split(",") if c.strip()) if cells else None,
         where=_parse_where(where),
     )
-    _before_running(loaded, selection, reference)
+    _before_running(loaded, selection, reference, reference_run)
     out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
@@ -201,7 +219,7 @@ def run(
                   f"{len(result.skipped_done)} already done")
     if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
         try:  # the run's exit code is the run's: a summary that cannot be made or saved is said, not fatal
-            analysis = _analysis(out, reference)
+            analysis = _analysis(out, reference, reference_run=reference_run)
             _print_summaries(console, loaded.experiment.name, analysis)
             analysis.save()
             console.print(f"rows: {shown}/cells/*.parquet   summary: {shown}/summary.parquet")
@@ -223,14 +241,15 @@ def run(
         console.print("every cell run is done (exit code 0)")
 
 
-def _before_running(loaded: Any, selection: Any, reference: list[str]) -> None:
+def _before_running(loaded: Any, selection: Any, reference: list[str], reference_run: str) -> None:
     """Refuse a selection that names unknown cells or selects nothing, and a reference that cannot be
     parsed, before the results folder is touched or an engine loads (not after the GPU hours)."""
     from harness.config import option_axis
     from harness.matrix import expand, group, refuse_ignored
-    from harness.metrics import parse_reference
+    from harness.metrics import parse_reference, refuse_reference_run
     from harness.selection import apply
 
+    refuse_reference_run(reference_run)
     cells = expand(loaded)
     refuse_ignored(loaded, cells)
     apply(group(cells), selection)
@@ -250,32 +269,38 @@ def _parse_where(items: list[str]) -> dict[str, Any]:
 def summarize(
     results: Path = typer.Argument(..., help="Results folder written by 'harness run'."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP + " Default 0.1."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
     what: str = typer.Option(
         "cells", "--what",
-        help="With json/csv: 'cells' (per cell and prompt), 'slowdown' (batch-invariant cost), 'probes' (logit "
-             "probes) or 'answers' (answer agreement and accuracy per setting). 'splits': where the outputs of "
-             "each cell and prompt part, with how many runs take each branch (also as a table).",
+        help="With json/csv: 'cells' (per cell and prompt), 'settings' (per setting: divergence rate and its "
+             "bounds, median tokens to divergence, near ties), 'slowdown' (batch-invariant cost), 'probes' (logit "
+             "probes), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
+             "after t tokens) or 'flips_by_margin' (departures per step by margin bucket). 'splits': where the "
+             "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
     ),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
-    save: bool = typer.Option(False, "--save", help="Also write summary.parquet, slowdown.parquet (and probes, "
-                              "answers where there are any) into the results folder, as 'harness run' does."),
+    save: bool = typer.Option(False, "--save", help="Also write summary.parquet, settings.parquet, slowdown.parquet "
+                              "(and probes, answers, survival, flips_by_margin where there are any) into the "
+                              "results folder, as 'harness run' does."),
 ) -> None:
     """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence;
     and, where cells differ only in batch_invariant, what the mode costs. Reads only: the folder may be
     read-only (unless --save)."""
     _allowed("--format", fmt, ("table", "json", "csv"))
-    _allowed("--what", what, ("cells", "slowdown", "probes", "answers", "splits"))
+    from harness.analysis import TABLES
+
+    _allowed("--what", what, tuple(TABLES) + ("splits",))
     if what == "splits":
         _print_splits(results, fmt, all_cells)
         return
-    analysis = _analysis(results, reference, allow_mixed, all_cells)
+    analysis = _analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie)
     if save:
         analysis.save()
     if fmt in ("json", "csv"):
-        frame = {"cells": analysis.summary, "slowdown": analysis.slowdown, "probes": analysis.probes,
-                 "answers": analysis.answers}[what]
+        frame = analysis.table(what)
     if fmt == "json":
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     elif fmt == "csv":
@@ -505,6 +530,8 @@ def report(
     results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write. Default: RESULTS/report.html."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP + " Default 0.1."),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
@@ -517,7 +544,7 @@ def report(
     from harness.report import html
 
     target = out or results / "report.html"
-    payload = html.write(_analysis(results, reference, allow_mixed, all_cells), target)
+    payload = html.write(_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie), target)
     meta = payload["meta"]
     # entries aggregate runs that show the same thing: count runs, not entries
     runs = sum(entry["count"] for entry in payload["runs"])
@@ -533,6 +560,8 @@ def plot(
     results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the figures. Default: RESULTS/plots."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP + " Default 0.1."),
     fmt: list[str] = typer.Option(["png", "svg"], "--format", "-f", help="png and/or svg (repeatable)."),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
@@ -543,13 +572,15 @@ def plot(
     (where runs first depart), margins (top-2 margin at the split, reference vs run), slowdown
     (batch-invariant throughput ratio with its range), answers (accuracy per setting with its
     bootstrap interval, where prompts carry answers), splits (where the outputs of a setting and
-    prompt part: the runs taking each branch, labelled with its token).
+    prompt part: the runs taking each branch, labelled with its token), survival (the share of runs
+    still identical to the reference after t tokens, Kaplan-Meier with a 95% band), flips_by_margin
+    (the chance per step that a run departs, by the reference's top-2 margin there).
     """
     from harness.report import plot as plotting
 
     for f in fmt:
         _allowed("--format", f, tuple(plotting.FORMATS))
-    data = _analysis(results, reference, allow_mixed, all_cells).charts
+    data = _analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie).charts
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     console = _console()
     for path in written:
@@ -563,6 +594,7 @@ def check(
     results: Path = typer.Argument(..., help="Results folder."),
     expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list (default: the experiment's)."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
@@ -582,7 +614,7 @@ def check(
 
     _allowed("--format", fmt, ("table", "json"))
     rules = load_expectations(expect) if expect is not None else None
-    analysis = _analysis(results, reference, allow_mixed, all_cells)
+    analysis = _analysis(results, reference, allow_mixed, all_cells, reference_run)
     if rules is None:
         rules = [r for e in analysis.results.experiments for r in e.experiment.expect]
         if not rules:

@@ -108,7 +108,7 @@ class Cluster(Strict):
 
 
 #: the conditions an `expect:` rule may give
-CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "divergence_rate_min",
+CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "divergence_bound_max", "divergence_rate_min",
               "logprobs_identical_min", "slowdown_max", "status", "accuracy_drop_max", "answer_agreement_min")
 
 
@@ -120,6 +120,12 @@ class Expectation(Strict):
     unique_outputs: int | None = Field(None, ge=1, description="at most this many distinct outputs per cell and prompt")
     match_rate_min: float | None = Field(None, ge=0, le=1)
     divergence_rate_max: float | None = Field(None, ge=0, le=1)
+    divergence_bound_max: float | None = Field(
+        None, gt=0, le=1, description="per setting, the 95% upper bound on the divergence rate is at most this "
+        "(0.05: with 95% confidence fewer than 5% of runs depart); prompts are the unit unless bound: pooled")
+    bound: Literal["prompts", "pooled"] = Field(
+        "prompts", description="the bound divergence_bound_max reads: prompts as the independent unit (honest when "
+        "runs of one prompt move together), or every run as independent (the pooled Clopper-Pearson bound)")
     divergence_rate_min: float | None = Field(
         None, ge=0, le=1, description="negative control: at least this share of the selection's compared runs "
         "diverge, and at least one, so the job proves it would catch a difference")

@@ -81,6 +81,19 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
         rate = compared["diverged"] / compared["compared"]
         bad = compared[~(rate <= rule.divergence_rate_max)]
         problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.diverged)}/{int(r.compared)} diverged" for r in bad.itertuples()]
+    if rule.divergence_bound_max is not None:
+        from harness.by_setting import agreement
+
+        per_setting = agreement(compared)
+        judged["divergence_bound_max"] = len(per_setting)
+        column = f"upper95_{rule.bound}"
+        for r in per_setting.to_dict("records"):
+            if not r[column] <= rule.divergence_bound_max:  # NaN (one prompt, with divergences) fails too
+                setting = ", ".join(f"{k}={r[k]}" for k in _varying_keys(per_setting))
+                why = (f"95% upper bound {100 * r[column]:.1f}%" if r[column] == r[column]
+                       else "no bound with prompts as the unit from one prompt")
+                problems.append(f"{setting or 'all cells'}: {r['diverged']}/{r['compared']} diverged over "
+                                f"{r['prompts']} prompt(s); {why} ({rule.bound}) > {100 * rule.divergence_bound_max:g}%")
     if rule.divergence_rate_min is not None:
         # The negative control: with the mode off a difference must be found, or the test tests
         # nothing. Pooled over the selection (a control need not split every prompt), and never
@@ -103,6 +116,13 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
         for r in pairs[pairs["throughput_ratio"] > rule.slowdown_max].itertuples():
             problems.append(f"batch {r.batch_size}: slowdown {r.throughput_ratio:.2f}x")
     return problems, judged
+
+
+def _varying_keys(frame: pd.DataFrame) -> list[str]:
+    """The setting columns that tell a frame's records apart."""
+    from harness.metrics import keys_of
+
+    return [k for k in keys_of(frame) if k in frame and frame[k].astype(str).nunique() > 1]
 
 
 def _not_run(rule: Expectation, cells: pd.DataFrame, missing: pd.DataFrame) -> list[str]:

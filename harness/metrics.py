@@ -22,6 +22,9 @@ from harness.errors import HarnessError, UsageError
 #: Columns that identify comparable settings (a cell, minus the ids).
 KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
 DEFAULT_REFERENCE: dict[str, Any] = {"batch_size": 1}
+#: how the reference cell's run of a prompt is chosen: its first ok run, or its most frequent output
+#: (ties broken by run order); `--reference-run`
+REFERENCE_RUNS: tuple[str, ...] = ("first", "modal")
 
 
 def option_columns(frame: pd.DataFrame) -> list[str]:
@@ -213,6 +216,37 @@ def upper95(diverged: int, runs: int) -> float | None:
     return hi
 
 
+#: resamples of the prompt-clustered bound (seeded: the same rows give the same bound)
+CLUSTER_DRAWS = 2000
+
+
+def prompt_upper95(diverged: Sequence[int], compared: Sequence[int], seed: int = 0) -> float:
+    """A one-sided 95 % upper bound on a setting's divergence rate with prompts, not runs, as the
+    independent unit (runs of one prompt share its text and its near ties: they are not
+    independent evidence). Arrays hold one entry per prompt.
+
+    No divergence: 1 - 0.05 ** (1 / prompts), the exact bound as if each prompt were one trial.
+    Divergences over two or more prompts: the 95th percentile of the pooled rate over prompts
+    resampled with replacement (a cluster bootstrap), and never below the pooled bound
+    (`upper95` over all runs), which accounts for the binomial noise inside each prompt.
+    Divergences in a single prompt: NaN, since one prompt cannot speak for others.
+    """
+    d = np.asarray(diverged, dtype=float)
+    n = np.asarray(compared, dtype=float)
+    keep = n > 0
+    d, n = d[keep], n[keep]
+    if not len(n):
+        return float("nan")
+    total = int(d.sum())
+    if total == 0:
+        return 1.0 - 0.05 ** (1.0 / len(n))
+    if len(n) < 2:
+        return float("nan")
+    pick = np.random.default_rng(seed).integers(0, len(n), size=(CLUSTER_DRAWS, len(n)))
+    rates = d[pick].sum(axis=1) / n[pick].sum(axis=1)
+    return float(max(np.percentile(rates, 95), upper95(total, int(n.sum())) or 0.0))
+
+
 def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[str, Any]:
     """'axis=value' strings -> typed overrides; empty -> the default (batch_size=1)."""
     out: dict[str, Any] = {}
@@ -237,6 +271,42 @@ def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[s
     return out or dict(DEFAULT_REFERENCE)
 
 
+def refuse_reference_run(rule: str) -> None:
+    """A UsageError naming the allowed rules, for a `--reference-run` that is not one."""
+    if rule not in REFERENCE_RUNS:
+        raise UsageError(f"--reference-run {rule}: allowed: {', '.join(REFERENCE_RUNS)}")
+
+
+def reference_repeats(ok: pd.DataFrame, rule: str = "first") -> pd.DataFrame:
+    """Per (cell_id, prompt_id) of ok rows, the run that stands for it when it is a reference:
+    `reference_repeat`, `reference_share` (the share of its runs that gave that output) and
+    `reference_tie` (another output was as frequent; run order chose).
+
+    first: the lowest ok repeat (a failed repeat 0 does not leave the prompt without a reference);
+    modal: the first repeat of the most frequent output, so one unlucky run does not decide every
+    verdict of the prompt.
+    """
+    refuse_reference_run(rule)
+    by = ["cell_id", "prompt_id"]
+    outputs = (ok.groupby(by + ["output_hash"], sort=False, observed=True)["repeat"]
+               .agg(["size", "min"]).reset_index())
+    per_prompt = outputs.groupby(by, sort=False, observed=True)["size"]
+    share = outputs["size"] / per_prompt.transform("sum")
+    top = outputs["size"] == per_prompt.transform("max")
+    tie = top.groupby([outputs[c] for c in by], sort=False, observed=True).transform("sum") > 1
+    outputs = outputs.assign(share=share, tie=tie & (rule == "modal"))
+    if rule == "first":
+        chosen = outputs.sort_values("min", kind="stable")
+    else:
+        chosen = outputs.sort_values(["size", "min"], ascending=[False, True], kind="stable")
+    chosen = chosen.drop_duplicates(by)
+    return pd.DataFrame({
+        "cell_id": chosen["cell_id"].to_numpy(), "prompt_id": chosen["prompt_id"].to_numpy(),
+        "reference_repeat": chosen["min"].to_numpy(), "reference_share": chosen["share"].to_numpy(),
+        "reference_tie": chosen["tie"].to_numpy(),
+    })
+
+
 def _refuse_twins(first: pd.DataFrame, keys: list[str]) -> None:
     """Two cells claiming one setting and prompt: name both, never pick one silently."""
     twins = first[first.duplicated(keys, keep=False)]
@@ -257,11 +327,14 @@ def against_reference(
     reference: dict[str, Any] | None = None,
     allow_mixed: Iterable[str] = (),
     logprobs_for: Callable[[set[str]], dict[str, Sequence[float]]] | None = None,
+    reference_run: str = "first",
 ) -> pd.DataFrame:
-    """The ok rows, each with its reference run: `ref_hash`, `reference_cell`, `matched`, `first_divergence`.
+    """The ok rows, each with its reference run: `ref_hash`, `reference_cell`, `reference_repeat`,
+    `matched`, `first_divergence`.
 
-    The reference of a run is the first repeat of the same prompt with the same settings, except
-    the axes in `reference` (default: batch size 1). The reference run itself gets no verdict.
+    The reference of a run is a run of the same prompt with the same settings, except the axes in
+    `reference` (default: batch size 1), chosen by `reference_run` (see reference_repeats). The
+    reference run itself gets no verdict.
     A run and its reference must agree in provenance (MIXABLE), except what the compared axes
     imply or `allow_mixed` names; otherwise HarnessError.
     """
@@ -272,13 +345,19 @@ def against_reference(
         raise UsageError(f"--reference {unswept[0]}={reference[unswept[0]]}: these results do not sweep "
                          f"{unswept[0]}; swept engine options here: {', '.join(option_columns(rows)) or 'none'}")
     ok = rows[rows["status"] == "ok"].copy()
-    first = ok[ok["repeat"] == 0]
+    chosen = ok[["cell_id", "prompt_id", "repeat"]].merge(reference_repeats(ok, reference_run),
+                                                          on=["cell_id", "prompt_id"], how="left")
+    stands = chosen["repeat"].to_numpy() == chosen["reference_repeat"].to_numpy()
+    first = ok[stands].assign(reference_share=chosen["reference_share"].to_numpy()[stands],
+                              reference_tie=chosen["reference_tie"].to_numpy()[stands])
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
     if "logprobs_hash" not in ok:
         ok["logprobs_hash"] = None
         first = first.assign(logprobs_hash=None)
-    ref_table = first[keys + ["prompt_id", "output_hash", "cell_id", "logprobs_hash"]].rename(
-        columns={"output_hash": "ref_hash", "cell_id": "reference_cell", "logprobs_hash": "ref_logprobs_hash"}
+    ref_table = first[keys + ["prompt_id", "output_hash", "cell_id", "logprobs_hash", "repeat", "reference_share",
+                              "reference_tie"]].rename(
+        columns={"output_hash": "ref_hash", "cell_id": "reference_cell", "logprobs_hash": "ref_logprobs_hash",
+                 "repeat": "reference_repeat"}
     )
     # Settings are constant inside a cell: find each cell's reference runs once, at the cell level
     # (a few hundred records), then give every run those of its cell and prompt.
@@ -286,12 +365,12 @@ def against_reference(
     for axis, value in reference.items():
         lookup[axis] = value
     lookup = lookup.astype({k: ref_table[k].dtype for k in keys if k in ref_table})
-    per_cell = lookup.merge(ref_table, on=keys, how="inner")[
-        ["cell_id", "prompt_id", "ref_hash", "reference_cell", "ref_logprobs_hash"]]
+    carried = ["ref_hash", "reference_cell", "ref_logprobs_hash", "reference_repeat", "reference_share",
+               "reference_tie"]
+    per_cell = lookup.merge(ref_table, on=keys, how="inner")[["cell_id", "prompt_id"] + carried]
     merged = ok[["cell_id", "prompt_id"]].merge(per_cell, on=["cell_id", "prompt_id"], how="left")
-    ok["ref_hash"] = merged["ref_hash"].to_numpy()
-    ok["reference_cell"] = merged["reference_cell"].to_numpy()
-    ok["ref_logprobs_hash"] = merged["ref_logprobs_hash"].to_numpy()
+    for column in carried:
+        ok[column] = merged[column].to_numpy()
     if any(c in ok for c in PROVENANCE_COLUMNS):
         present = [c for c in PROVENANCE_COLUMNS if c in ok]
         # one record per distinct (run's cell, its provenance, reference cell): the same verdict
@@ -304,7 +383,7 @@ def against_reference(
     nodes = dict(zip(first["cell_id"], _machine_of(first)))  # a cell's runs come from one machine
     ok["node"] = ok["cell_id"].map(nodes)
     ok["reference_node"] = ok["reference_cell"].map(nodes)
-    ok["is_reference"] = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == 0)
+    ok["is_reference"] = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == ok["reference_repeat"])
     ok.loc[ok["is_reference"], "ref_hash"] = None
     has_ref = ok["ref_hash"].notna()
     ok["matched"] = np.where(has_ref, ok["output_hash"] == ok["ref_hash"], np.nan)
@@ -368,10 +447,13 @@ def summarize(
     reference: dict[str, Any] | None = None,
     allow_mixed: Iterable[str] = (),
     logprobs_for: Callable[[set[str]], dict[str, Sequence[float]]] | None = None,
+    reference_run: str = "first",
+    compared: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One record per (cell, prompt) with agreement statistics against the reference.
 
-    `rows` needs ROW_COLUMNS; `tokens_for(hashes)` returns the token ids of those outputs.
+    `rows` needs ROW_COLUMNS; `tokens_for(hashes)` returns the token ids of those outputs;
+    `compared`: against_reference of these rows, where the caller has it already.
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
     keys = keys_of(rows)
@@ -391,7 +473,8 @@ def summarize(
         if name not in status.columns:
             status[name] = 0
     errors = rows[rows["status"] != "ok"].groupby(by)["error"].first().rename("error")
-    ok = against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for)
+    ok = (against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for, reference_run)
+          if compared is None else compared.copy())
     for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
         if column not in ok:
             ok[column] = np.nan
@@ -411,6 +494,9 @@ def summarize(
             "tokens_median": g["n_tokens"].median(),
             "tokens_per_s_median": g["target_tokens_per_s"].median(),
             "reference_cell": g["reference_cell"].first(),
+            "reference_repeat": g["reference_repeat"].first(),
+            "reference_share": g["reference_share"].first(),
+            "reference_tie": g["reference_tie"].first(),
             "node": g["node"].first(),
             "reference_node": g["reference_node"].first(),
             "logprobs_identical": g["identical_lp"].mean(),
@@ -432,11 +518,13 @@ def summarize(
         ["ok", "unsupported", "skipped", "failed"], default="mixed",
     )
     out["reference"] = ",".join(f"{k}={v}" for k, v in reference.items())
+    out["reference_run"] = reference_run
     order = group_cols + [
         "status", "runs", "unique_outputs", "modal_share", "match_rate", "first_divergence_min",
         "first_divergence_median", "divergence_rate_upper95", "diverged", "compared", "logprobs_identical",
         "logprobs_compared", "logprob_first_diff_min", "logprob_max_abs_diff", "tokens_median",
-        "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_cell", "node", "reference_node", "n_ok", "n_failed", "n_unsupported",
+        "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_run", "reference_cell", "reference_repeat",
+        "reference_share", "reference_tie", "node", "reference_node", "n_ok", "n_failed", "n_unsupported",
         "n_skipped", "error",
     ]
     return out[order].sort_values(group_cols, kind="stable").reset_index(drop=True)

@@ -86,6 +86,11 @@ def test_report_highlights_the_split_where_the_rows_say(probed_results, tmp_path
     _select(page, "dtype", "f32")
     assert shown() == 0 and "No run matches" in page.inner_text("#groups")
     assert "logits moved" in page.inner_text("#probe-body")  # probes shown
+    # survival of agreement: a line and a band per setting compared; flips by margin: a point per
+    # setting and margin bucket with steps at risk (the seed-2 departures have recorded margins)
+    settings = judged[judged.matched.notna()].groupby(["seed", "dtype", "batch_size"]).ngroups
+    assert page.locator("svg[aria-label='survival of agreement'] path").count() == 2 * settings
+    assert page.locator("svg[aria-label='flips by margin'] circle").count() > 0
     assert errors == []
 
 

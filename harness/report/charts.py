@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -31,6 +31,10 @@ class Charts:
     answers: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: harness.splits records with a series label and each split's depth (see `add_splits`)
     splits: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: harness.survival curves: series, batch_size, tokens, at_risk, departed, censored, identical, low, high
+    survival: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: harness.near_ties per margin bucket: series, batch_size, bucket, margin_low, margin_high, steps, flips, flip_rate
+    flips_by_margin: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
@@ -67,17 +71,14 @@ def step_value(values: Any, k: int) -> float | None:
     return None if math.isnan(value) else value
 
 
-def compute(
-    rows: pd.DataFrame, annotated: pd.DataFrame, reference: dict[str, Any], allow_mixed: frozenset[str] = frozenset(),
-    answer_prompts: set[str] = frozenset(), margins_for: Callable[[pd.DataFrame], pd.Series] | None = None,
-) -> Charts:
-    """`rows`: all rows; `annotated`: metrics.against_reference of them; `answer_prompts`: the
-    prompts that carry a parse rule; `margins_for(runs)`: the margins of those runs (read for the
-    departing runs and their references only; default: the rows' own `margins` column)."""
-    from harness.answer_metrics import answer_summary
-
+def compute(analysis: Any) -> Charts:
+    """The charts of one harness.analysis.Analysis (not imported: it imports this module): its report rows, their pairing with the reference, and its
+    answer, slowdown, survival and near-tie statistics. Margins are read for the departing runs
+    and their references only."""
+    rows, annotated = analysis.report_rows, analysis.paired
+    margins_for = analysis.results.margins_for
     varying = varying_axes(rows)
-    answers = answer_summary(rows, answer_prompts, reference)
+    answers = analysis.answers
     if not answers.empty:
         answers = _labelled(answers, varying)
     judged = annotated[annotated["matched"].notna()].copy()
@@ -93,9 +94,7 @@ def compute(
     split = judged[judged["first_divergence"].notna()].copy()
     divergence = split[["series", "batch_size", "first_divergence"]].astype({"first_divergence": int})
 
-    if margins_for is None:
-        margins_for = lambda runs: annotated.loc[runs.index, "margins"]  # noqa: E731
-    first = annotated[annotated["repeat"] == 0]  # reference runs are first repeats
+    first = annotated[annotated["is_reference"]]  # the runs that stand for their cells
     first = first[first["cell_id"].isin(set(split["reference_cell"].dropna()))]
     margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], margins_for(first))}
     records = {}
@@ -112,11 +111,26 @@ def compute(
         identical=identical,
         divergence=divergence.reset_index(drop=True),
         margins=margins,
-        slowdown=_labelled(metrics.slowdown(rows, allow_mixed), [v for v in varying if v != "batch_invariant"]),
-        reference=",".join(f"{k}={v}" for k, v in reference.items()),
+        slowdown=_labelled(analysis.slowdown, [v for v in varying if v != "batch_invariant"]),
+        reference=_reference_label(analysis),
         varying=varying,
         answers=answers,
+        survival=_series_first(analysis.survival, varying),
+        flips_by_margin=_series_first(analysis.near_ties[1], varying),
     )
+
+
+def _reference_label(analysis: Any) -> str:
+    """'batch_size=1' (first run) or 'batch_size=1, modal run'."""
+    label = ",".join(f"{k}={v}" for k, v in analysis.reference.items())
+    return label if analysis.reference_run == "first" else f"{label}, {analysis.reference_run} run"
+
+
+def _series_first(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
+    """A per-setting frame as a chart reads it: series and batch size, then its own columns."""
+    keys = metrics.keys_of(frame)
+    out = _labelled(frame, varying)
+    return out[["series", X_AXIS] + [c for c in frame.columns if c not in keys]]
 
 
 def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) -> Charts:

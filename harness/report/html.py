@@ -209,6 +209,8 @@ def build(analysis: Analysis) -> dict[str, Any]:
             "probes": _probe_table(rows, chart.varying),
             "answers": _records(chart.answers),
             "splits": _split_records(chart.splits),
+            "survival": _records(chart.survival),
+            "flips_by_margin": _records(chart.flips_by_margin),
         },
     }
 

@@ -90,6 +90,39 @@ def answers(ch: Charts):
     return plt, fig
 
 
+def survival(ch: Charts):
+    """One step curve per setting with its pointwise 95 % band: the share still identical after t tokens."""
+    plt, (fig, ax) = _figure(8)
+    for i, ((name, batch), part) in enumerate(ch.survival.groupby(["series", "batch_size"], sort=True)):
+        color = f"C{i % 10}"
+        ax.step(part["tokens"], part["identical"], where="post", color=color, label=f"{name} · batch {batch}")
+        ax.fill_between(part["tokens"], part["low"], part["high"], step="post", color=color, alpha=0.15)
+    ax.set_ylim(0, 1.02)
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    ax.set_xlabel("tokens generated")
+    ax.set_ylabel("runs still identical to the reference")
+    ax.set_title(f"Survival of agreement (Kaplan-Meier, 95% band; reference {ch.reference})")
+    ax.legend(fontsize="small")
+    return plt, fig
+
+
+def flips_by_margin(ch: Charts):
+    """Per setting, the chance per step that a run departs, by its reference's top-2 margin at that step."""
+    data = ch.flips_by_margin.dropna(subset=["flip_rate"])
+    plt, (fig, ax) = _figure(8)
+    buckets = list(dict.fromkeys(ch.flips_by_margin["bucket"]))
+    for i, ((name, batch), part) in enumerate(data.groupby(["series", "batch_size"], sort=True)):
+        x = [buckets.index(b) for b in part["bucket"]]
+        ax.plot(x, part["flip_rate"], marker="o", color=f"C{i % 10}", label=f"{name} · batch {batch}")
+    ax.set_xticks(range(len(buckets)), buckets)
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:.1%}")
+    ax.set_xlabel("top-1 minus top-2 margin of the reference at the step")
+    ax.set_ylabel("runs departing there, per step at risk")
+    ax.set_title("Where runs split, by how close the call was")
+    ax.legend(fontsize="small")
+    return plt, fig
+
+
 #: split nodes drawn at most (the ones with the most runs); the CSV beside the figure has them all
 SPLITS_DRAWN = 16
 
@@ -122,13 +155,15 @@ def splits(ch: Charts):
 
 #: chart name (also the Charts field it draws) -> drawing function
 CHARTS = {"identical": identical, "divergence": divergence, "margins": margins, "slowdown": slowdown,
-          "answers": answers, "splits": splits}
+          "answers": answers, "splits": splits, "survival": survival, "flips_by_margin": flips_by_margin}
 
 
 def _plottable(ch: Charts, name: str):
     data = getattr(ch, name)
     if name == "margins":
         return data.dropna(subset=["margin_run", "margin_reference"])
+    if name == "flips_by_margin" and not data.empty:
+        return data[data["flips"] > 0]  # a chart of zeros says nothing: the CSV still has the steps
     return data.dropna(subset=["accuracy"]) if name == "answers" and not data.empty else data
 
 

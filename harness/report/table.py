@@ -65,26 +65,37 @@ def _setting_label(axes: list[str], key: Any) -> str:
     return escape(", ".join(f"{a}={v}" for a, v in zip(axes, key) if not pd.isna(v)))
 
 
-def verdict_lines(summary: pd.DataFrame) -> list[str]:
-    """One line per setting, pooled over prompts: how many runs matched the reference."""
-    from harness.metrics import upper95
+def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -> list[str]:
+    """One line per setting, over its prompts: how many runs matched the reference, the divergence
+    rate's bound with prompts as the unit (and pooled over runs, labelled), how far runs agree
+    before they split, and how often a close call flipped. `settings`: harness.by_setting.agreement
+    of the summary (computed here when not given: without survival and near-tie figures)."""
+    from harness.by_setting import agreement
 
     varying = _varying(summary) or ["engine"]
-    ok = summary[summary["compared"].fillna(0) > 0]
+    settings = agreement(summary) if settings is None else settings
     lines = []
-    for key, part in ok.groupby(varying, sort=True, dropna=False):
-        label = _setting_label(varying, key)
-        compared, diverged = int(part["compared"].sum()), int(part["diverged"].sum())
-        bound = upper95(diverged, compared)
+    for rec in settings.sort_values(varying, kind="stable", na_position="last").to_dict("records"):
+        label = _setting_label(varying, tuple(rec[a] for a in varying))
+        compared, diverged = int(rec["compared"]), int(rec["diverged"])
         text = f"{label}: {compared - diverged}/{compared} runs identical to the reference"
         if diverged:
-            text += f", first divergence at token {int(part['first_divergence_min'].min())} at the earliest"
+            text += f", first divergence at token {int(rec['first_divergence_min'])} at the earliest"
+            if not pd.isna(rec.get("median_tokens_to_divergence")):
+                text += f", half departed by token {int(rec['median_tokens_to_divergence'])}"
+        bound, pooled = rec["upper95_prompts"], rec["upper95_pooled"]
+        if pd.isna(bound):
+            text += (f"; no bound with prompts as the unit from {int(rec['prompts'])} prompt "
+                     f"(pooled over runs: rate < {100 * pooled:.0f}%)")
         else:
-            text += f"; divergence rate < {100 * bound:.0f}% (95% upper bound)"
-        lp = int(part["logprobs_compared"].fillna(0).sum()) if "logprobs_compared" in part else 0
-        if lp:
-            same = int(round((part["logprobs_identical"].fillna(0) * part["logprobs_compared"].fillna(0)).sum()))
-            text += f"; {same}/{lp} with bitwise-equal log-probabilities"
+            text += (f"; divergence rate < {100 * bound:.0f}% (95% upper bound, prompts as the unit; "
+                     f"pooled over runs: < {100 * pooled:.0f}%)")
+        if int(rec.get("logprobs_compared") or 0):
+            text += f"; {int(rec['logprobs_identical_runs'])}/{int(rec['logprobs_compared'])} with bitwise-equal log-probabilities"
+        near = rec.get("near_ties")
+        if near is not None and not pd.isna(near) and int(near) > 0:
+            text += (f"; {int(near)} near ties ({rec['near_tie_density']:.0f} per 1000 tokens), "
+                     f"{int(rec['flips_at_near_ties'])} flipped")
         lines.append(text)
     orphans = summary[(summary["runs"] > 0) & summary["reference_cell"].isna()]
     for key, part in orphans.groupby(varying, sort=True, dropna=False):

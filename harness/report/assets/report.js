@@ -166,6 +166,60 @@
     axisTicks(s, left, right, yb, max, (v) => num(v, 2), 4);
     return chartBox("What batch-invariant mode costs", "Throughput with the mode off ÷ on (median bar, range over paired batches; above 1: the mode is slower).", s);
   }
+  // Share of runs still identical to the reference after t tokens: one step line per setting, its
+  // pointwise 95 % band shaded (harness/survival.py).
+  function survivalChart(recs) {
+    const title = "Survival of agreement";
+    if (!recs || !recs.length) return chartBox(title, null, el("p", { class: "empty", text: "No run had a reference to compare with." }));
+    const names = [...new Set(recs.map(settingOf))];
+    const left = 48, right = 660, top = 10, base = 190;
+    const maxT = Math.max(1, ...recs.map((r) => r.tokens));
+    const X = (t) => left + ((right - left) * t) / maxT, Y = (v) => base - (base - top) * v;
+    const s = svg("svg", { viewBox: `0 0 680 ${base + 40 + Math.ceil(names.length / 2) * 16}`, role: "img", "aria-label": "survival of agreement" });
+    s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }), svg("line", { x1: left, x2: left, y1: top, y2: base, stroke: "#888" }));
+    for (let i = 0; i <= 4; i++) s.append(svg("text", { x: left - 4, y: Y(i / 4) + 4, "text-anchor": "end" }, `${25 * i}%`));
+    axisTicks(s, left, right, base, maxT, (v) => Math.round(v), 6);
+    names.forEach((name, si) => {
+      const pts = recs.filter((r) => settingOf(r) === name).sort((a, b) => a.tokens - b.tokens);
+      const colour = PALETTE[si % PALETTE.length];
+      let line = "", upper = "", lower = "";
+      pts.forEach((p, i) => {
+        const x = X(p.tokens), xn = X(i + 1 < pts.length ? pts[i + 1].tokens : p.tokens);
+        line += `${i ? "L" : "M"}${x},${Y(p.identical)} L${xn},${Y(p.identical)} `;
+        upper += `${i ? "L" : "M"}${x},${Y(p.high)} L${xn},${Y(p.high)} `;
+        lower = `L${xn},${Y(p.low)} L${x},${Y(p.low)} ` + lower;
+      });
+      s.append(svg("path", { d: upper + lower + "Z", fill: colour, "fill-opacity": 0.12, stroke: "none" }));
+      s.append(svg("path", { d: line, fill: "none", stroke: colour, "stroke-width": 2 },
+        svg("title", {}, `${name}: ${pts.map((p) => `${p.tokens} tokens ${pct(p.identical)} (${p.at_risk} at risk)`).join("; ")}`)));
+    });
+    legend(s, names, base + 34);
+    return chartBox(title, `Share of runs still identical to the reference (${DATA.meta.reference}) after t tokens: Kaplan-Meier, a run that stays identical counted until its output ends; shaded: pointwise 95% band.`, s);
+  }
+  // The chance per step that a run departs, by how close its reference's call was there (harness/near_ties.py).
+  function flipChart(recs) {
+    const title = "Where runs split, by how close the call was";
+    const flipped = (recs || []).filter((r) => r.flips > 0);
+    if (!flipped.length) return chartBox(title, null, el("p", { class: "empty", text: "No run departed at a step with a recorded margin." }));
+    const buckets = [...new Set(recs.map((r) => r.bucket))];
+    const names = [...new Set(recs.map(settingOf))];
+    const left = 56, right = 660, top = 10, base = 190;
+    const max = Math.max(...recs.map((r) => r.flip_rate || 0)) * 1.1 || 1;
+    const X = (i) => left + ((right - left) * (i + 0.5)) / buckets.length, Y = (v) => base - ((base - top) * v) / max;
+    const s = svg("svg", { viewBox: `0 0 680 ${base + 40 + Math.ceil(names.length / 2) * 16}`, role: "img", "aria-label": "flips by margin" });
+    s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }), svg("line", { x1: left, x2: left, y1: top, y2: base, stroke: "#888" }));
+    for (let i = 0; i <= 4; i++) s.append(svg("text", { x: left - 4, y: Y((max * i) / 4) + 4, "text-anchor": "end" }, pct((max * i) / 4)));
+    buckets.forEach((b, i) => s.append(svg("text", { x: X(i), y: base + 15, "text-anchor": "middle" }, b)));
+    names.forEach((name, si) => {
+      const colour = PALETTE[si % PALETTE.length];
+      recs.filter((r) => settingOf(r) === name && r.flip_rate !== null).forEach((r) => {
+        s.append(svg("circle", { cx: X(buckets.indexOf(r.bucket)) + (si - names.length / 2) * 4, cy: Y(r.flip_rate), r: 4, fill: colour },
+          svg("title", {}, `${name}, margin ${r.bucket}: ${r.flips} departure(s) in ${r.steps} step(s) at risk`)));
+      });
+    });
+    legend(s, names, base + 34);
+    return chartBox(title, "x: the reference's top-1 minus top-2 margin at a step; y: runs departing at such a step, per step at risk. Batch-induced splits sit on near ties; a difference in weights moves wider margins too.", s);
+  }
   function probeTable(recs) {
     const box = document.getElementById("probe-body");
     if (!recs.length) return;
@@ -207,7 +261,7 @@
   }
   function charts() {
     const c = DATA.charts;
-    document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), slowdownChart(c.slowdown));
+    document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), survivalChart(c.survival), flipChart(c.flips_by_margin), slowdownChart(c.slowdown));
     probeTable(c.probes);
     answerTable(c.answers);
     splitTable(c.splits);
