@@ -136,6 +136,25 @@ def plan(
         f"[bold]{per_cell * len(cells)} generations[/bold] of up to {exp.max_tokens} tokens; "
         f"{len(loaded.prompt_set.fillers)} fillers in the pool"
     )
+    _print_power(console, len(loaded.prompt_set.prompts), exp.repeats)
+
+
+def _print_power(console: Console, prompts: int, repeats: int) -> None:
+    """What the plan can bound: per target divergence rate, the runs and prompts it takes (harness.power)."""
+    from harness import power
+
+    pooled, clustered = power.reachable(prompts, repeats)
+    table = PlainTable(title=f"power: {prompts} prompts x {repeats} repeats = {prompts * repeats} runs per compared "
+                             f"setting; with none departing, the rate is bounded below {100 * pooled:.2g}% pooled "
+                             f"over runs, {100 * clustered:.2g}% with prompts as the unit (95%)")
+    for col in ("rate", "runs needed", "repeats needed (these prompts)", "prompts needed (prompts as unit)",
+                "P(see >= 1) here"):
+        table.add_column(col)
+    yes = lambda ok: "" if ok else " (not here)"  # noqa: E731
+    for r in power.table(prompts, repeats).itertuples():
+        table.add_row(f"{100 * r.rate:g}%", f"{r.runs_needed}{yes(r.bounded_pooled)}", str(r.repeats_needed),
+                      f"{r.prompts_needed}{yes(r.bounded_prompts)}", f"{100 * r.chance_to_see_one:.0f}%")
+    console.print(table)
 
 
 def _experiment_or_folder(path: Path):

@@ -243,3 +243,21 @@ def test_summarize_writes_the_new_tables_and_plot_draws_survival_and_margins(pro
     assert (curve.groupby("series").identical.apply(lambda s: bool(np.all(np.diff(s.to_numpy()) <= 0)))).all()
     done = run_harness("summarize", str(probed_results), "--reference-run", "median")
     assert done.returncode == 2 and "allowed: first, modal" in done.stderr
+
+
+def test_plan_power_table_runs_needed_are_the_fewest_that_bound_the_rate(write):
+    from harness import power
+
+    for target in power.TARGETS:
+        n = power.trials_for(target)
+        assert metrics.upper95(0, n) < target <= metrics.upper95(0, n - 1)  # the fewest, by the exact bound
+    table = power.table(prompts=30, repeats=10).set_index("rate")
+    assert table.loc[0.01, "runs_needed"] == 299 and table.loc[0.01, "repeats_needed"] == 10
+    assert bool(table.loc[0.01, "bounded_pooled"]) and not bool(table.loc[0.01, "bounded_prompts"])
+    assert table.loc[0.01, "chance_to_see_one"] == pytest.approx(1 - 0.99 ** 300)
+    path = write("exp.yaml", "name: e\nprompts: [{id: a, text: x}, {id: b, text: y}]\nfillers: [z]\nrepeats: 5\n"
+                             "matrix: {model: [m], batch_size: [1, 8]}\n")
+    done = run_harness("plan", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "power: 2 prompts x 5 repeats = 10 runs per compared setting" in done.stdout
+    assert "below 26% pooled over runs, 78% with prompts as the unit" in done.stdout
