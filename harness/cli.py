@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -321,7 +323,7 @@ def summarize(
     if fmt in ("json", "csv"):
         frame = analysis.table(what)
     if fmt == "json":
-        sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
+        sys.stdout.write(frame.to_json(orient="records", indent=1, double_precision=15) + "\n")
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
@@ -337,7 +339,7 @@ def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
     rows = results.read_rows(columns=metrics.ROW_COLUMNS, provenance_as_categories=True)
     frame = splits(rows, results.tokens_for, results.texts_for, metrics.keys_of(rows))
     if fmt == "json":
-        sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
+        sys.stdout.write(frame.to_json(orient="records", indent=1, double_precision=15) + "\n")
     elif fmt == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     elif frame.empty:
@@ -487,6 +489,55 @@ def merge(
 
 
 @app.command()
+def rescore(
+    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Score with this engine instead of each run's own "
+                                         "(llamacpp or vllm; others refuse)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Score with the model in this dtype instead of the "
+                                        "run's (e.g. f32, to measure what a quantised decode departs from)."),
+    threshold: float = typer.Option(0.18, "--threshold", min=0, help="|delta logprob| in nats beyond which a "
+                                    "token counts in share_above (0.18: a probability ratio of 1.2)."),
+    stats_only: bool = typer.Option(False, "--stats-only", help="Show the figures of scores already stored; score nothing."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per scorer, cell and prompt."),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+) -> None:
+    """Prefill each ok run's prompt + output in one pass, alone and without a cache, and compare the
+    log-probability the scorer gives each generated token with the one decoding gave it: mean and
+    max |delta|, the k3 KL estimate and the share of tokens beyond --threshold (harness.rescore).
+
+    The scorer is the run's own engine, model and dtype unless --engine or --dtype says otherwise;
+    scores are stored in RESULTS/rescored/ (the rows are not touched), so the figures can be read
+    again with --stats-only.
+    """
+    from harness import rescore as scoring
+    from harness.metrics import parse_reference
+
+    _allowed("--format", fmt, ("table", "json", "csv"))
+    if engine or dtype:  # bad values are refused before anything loads
+        parse_reference([f"{a}={v}" for a, v in (("engine", engine), ("dtype", dtype)) if v], option="--engine/--dtype")
+    found = _results(results, all_cells)
+    console = Console(stderr=True, highlight=False) if fmt != "table" else _console()  # stdout holds the data
+    if not stats_only:
+        with _stdout_to_stderr(fmt != "table"):
+            written, refused = scoring.rescore(found, engine, dtype, log=lambda m: console.print(escape(m)))
+        for path in written:
+            console.print(f"wrote {escape(str(path))}")
+        for why in refused:
+            console.print(f"[yellow]not scored[/yellow]: {escape(why)}")
+    frame = scoring.summary(found, threshold)
+    if fmt == "json":
+        sys.stdout.write(frame.to_json(orient="records", indent=1, double_precision=15) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(frame.to_csv(index=False))
+    elif frame.empty:
+        console.print("no stored scores for these results (run 'harness rescore' without --stats-only)")
+    else:
+        from harness.report.table import rescore_table
+
+        console.print(rescore_table(frame, threshold))
+
+
+@app.command()
 def compare(
     a: Path = typer.Argument(..., help="First results folder (e.g. from an A100 node)."),
     b: Path = typer.Argument(..., help="Second results folder (e.g. from an L40S node)."),
@@ -494,6 +545,11 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv: one record per run)."),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    score: bool = typer.Option(False, "--score", help="Judge B against A's own noise: every run of both re-scored "
+                               "by A's setting (llamacpp, vllm), mean |delta logprob| of B's runs against A's "
+                               "repeats and batch sizes, with a permutation p-value (harness.noise_floor)."),
+    gate: bool = typer.Option(False, "--gate", help="With --score: exit 1 when B is beyond A's noise in any "
+                              "setting (an engine upgrade or a provider that must stay within it)."),
 ) -> None:
     """Per prompt and matching setting: same or different between two folders, and where they split.
 
@@ -512,9 +568,14 @@ def compare(
     for axis in ignore:
         if axis not in KEY_COLUMNS and option_axis(axis) is None:
             raise UsageError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}, or ENGINE.OPTION")
+    if gate and not score:
+        raise UsageError("--gate judges the noise floor: give --score too")
+    if score:
+        _print_noise_floor(_results(a, all_cells), _results(b, all_cells), tuple(ignore), fmt, gate)
+        return
     result = run_compare(_results(a, all_cells), _results(b, all_cells), tuple(ignore), parse_allow_mixed(allow_mixed))
     if fmt == "json":
-        sys.stdout.write(result.runs.to_json(orient="records", indent=1) + "\n")
+        sys.stdout.write(result.runs.to_json(orient="records", indent=1, double_precision=15) + "\n")
         return
     if fmt == "csv":
         sys.stdout.write(result.runs.to_csv(index=False))
@@ -542,6 +603,48 @@ def compare(
     for label, frame in (("only in A", result.only_a), ("only in B", result.only_b)):
         for rec in frame.to_dict("records"):
             console.print(f"[yellow]{label}[/yellow]: " + escape(", ".join(f"{k}={v}" for k, v in rec.items())))
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """While an engine loads and runs, everything written to stdout (its libraries' logs, by Python or
+    by child processes) goes to stderr, so that stdout holds only the JSON or CSV asked for."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _print_noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool) -> None:
+    """`compare --score`: one verdict per setting, as lines or records; exit 1 under --gate when one is beyond."""
+    from harness import noise_floor
+
+    console = Console(stderr=True, highlight=False) if fmt != "table" else _console()
+    with _stdout_to_stderr(fmt != "table"):
+        frame = noise_floor.within_noise(a, b, ignore, log=lambda m: console.print(escape(m)))
+    if fmt == "json":
+        sys.stdout.write(frame.to_json(orient="records", indent=1, double_precision=15) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(frame.to_csv(index=False))
+    elif not frame.empty:
+        varying = [k for k in frame.columns[: len(frame.columns) - len(noise_floor.COLUMNS)]
+                   if frame[k].astype(str).nunique() > 1]
+        for rec in frame.to_dict("records"):
+            label = ", ".join(f"{k}={rec[k]}" for k in varying) or "every setting"
+            console.print(f"{escape(label)}: {escape(noise_floor.describe(rec))}")
+    if frame.empty:
+        raise HarnessError("no setting of B matches one of A: nothing was judged (see --ignore)")
+    if gate and (frame["verdict"] != "within A's noise").any():
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -10,7 +10,7 @@ import pytest
 
 from harness import metrics
 
-from .conftest import needs_llama, run_experiment
+from .conftest import needs_llama, run_experiment, run_harness
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("transformers") is not None
 pytestmark = [needs_llama, pytest.mark.engine,
@@ -56,6 +56,19 @@ def test_rows_complete_with_tokens_and_margins(vllm_rows):
     ok = summary[~summary.batch_invariant]
     assert ok.unique_outputs.notna().all() and (ok.runs == 2).all()
     assert ok[ok.batch_size == 4].match_rate.notna().all()
+
+
+def test_rescore_on_vllm_reads_prompt_logprobs_at_the_right_positions(vllm_rows):
+    """Each run's prompt + output prefilled by vLLM (prompt_logprobs): every generated token gets a
+    score, and the scores sit near decoding's (a position off by one would put them nats apart)."""
+    store, rows = vllm_rows
+    done = run_harness("rescore", str(store.root), "-f", "json")
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    ok = rows[rows.status == "ok"]
+    assert sum(f["runs"] for f in figures) == len(ok)
+    assert sum(f["tokens"] for f in figures) == int(ok.n_tokens.sum())
+    assert all(f["max_abs_delta"] < 0.5 for f in figures), figures
 
 
 def test_logit_probe_on_vllm_compares_the_top_k_it_exposes(vllm_rows):

@@ -123,6 +123,10 @@ class Engine(ABC):
     Options: ClassVar[type[EngineOptions]]
     #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
     logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
+    #: why `score` (harness.rescore) cannot run on this engine; None where it can
+    score_unavailable: ClassVar[str | None] = ("re-scoring needs the log-probability of every given token from "
+                                               "one prefill, which this engine does not hand out here "
+                                               "(llamacpp and vllm do)")
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -168,6 +172,12 @@ class Engine(ABC):
     def count_tokens(self, text: str) -> int | None:
         """Tokens of `text` alone (no template, no BOS) in this engine's tokenizer; None: no tokenizer."""
         return None
+
+    def score(self, prompt: str, tokens: list[int]) -> list[float]:
+        """The log-probability of each of `tokens` after `prompt` (templated as `generate` templates
+        it) and the tokens before it, from one prefill, alone, without a cache (harness.rescore).
+        Default: refused with `score_unavailable`."""
+        raise Unsupported(f"{self.name}: {self.score_unavailable}")
 
     def probe_scope(self) -> str:
         """What a logit probe sees on this engine, for the rows' probe_reference column."""

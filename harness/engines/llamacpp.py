@@ -102,6 +102,7 @@ class LlamaCppEngine(Engine):
     name = "llamacpp"
     Options = LlamaCppOptions
     logit_probe_unavailable = None
+    score_unavailable = None
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -307,6 +308,16 @@ class LlamaCppEngine(Engine):
             ])
         finally:
             ll.llama_batch_free(batch)
+
+    def score(self, prompt: str, tokens: list[int]) -> list[float]:
+        """Each token's log-probability (log-softmax of the raw logits, as decode records it) from
+        one prefill of prompt + tokens in a context of its own."""
+        if not tokens:
+            return []
+        logits = self.prefill_logits(prompt, list(tokens)).astype(np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        norm = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+        return (logits[np.arange(len(tokens)), tokens] - norm).tolist()
 
     def _ensure_batch(self, size: int) -> Any:
         if size > self._batch_cap:

@@ -87,6 +87,7 @@ class VllmEngine(Engine):
     name = "vllm"
     Options = VllmOptions
     logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope
+    score_unavailable = None
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -254,6 +255,20 @@ class VllmEngine(Engine):
             cached_tokens=getattr(outputs[target], "num_cached_tokens", None),
             members=every,
         )
+
+    def score(self, prompt: str, tokens: list[int]) -> list[float]:
+        """Each token's log-probability from vLLM's prompt_logprobs over prompt + tokens, one request."""
+        from vllm import SamplingParams
+
+        if not tokens:
+            return []
+        if self.spec.prefix_caching:  # cached positions would not be computed again
+            raise Unsupported("re-scoring needs a load without prefix caching")
+        head = self.prompt_tokens(prompt)
+        out = self.llm.generate([{"prompt_token_ids": head + list(tokens)}],
+                                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0), use_tqdm=False)
+        steps = out[0].prompt_logprobs or []
+        return [float(steps[len(head) + i][t].logprob) for i, t in enumerate(tokens)]
 
     def _sequence(self, result: Any) -> SequenceOutput:
         """One request's completion as an output; its log-probabilities are the chosen token's and top-2."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -37,6 +38,8 @@ def _fmt(value: object, kind: str = "") -> str:
         return f"{float(value):.1f}"
     if kind == "f3":
         return f"{float(value):.3f}"
+    if kind == "g3":
+        return f"{float(value):.3g}"
     return str(value)
 
 
@@ -235,4 +238,23 @@ def split_table(frame: pd.DataFrame, title: str) -> Table:
             label = "  " * depth[rec["node"]] + repr(rec["token_text"])
             table.add_row(cell, prompt, str(rec["split_at"]), label, str(rec["runs"]), str(rec["unique_outputs"]),
                           f"{100 * rec['share']:.1f}%")
+    return table
+
+
+def rescore_table(frame: pd.DataFrame, threshold: float) -> Table:
+    """Per scorer and setting (prompts pooled, every token weighing the same): re-scoring figures."""
+    varying = _varying(frame)
+    table = PlainTable(title="re-scored: decode-time log-probability vs one prefill by the scorer "
+                             f"(share beyond |delta| > {threshold:g})")
+    for name in ("scorer",) + tuple(varying) + ("runs", "tokens", "mean|Δ|", "max|Δ|", "k3 KL", "share>τ"):
+        table.add_column(name)
+    weight = frame["tokens"].astype(float)
+    for key, part in frame.groupby(["scorer"] + varying, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        w = weight.loc[part.index]
+        mean = lambda c: float((part[c] * w).sum() / w.sum()) if w.sum() else float("nan")  # noqa: E731
+        scorer = json.loads(key[0])
+        table.add_row(f"{scorer['engine']} {scorer['dtype']}", *[str(v) for v in key[1:]], str(int(part["runs"].sum())),
+                      str(int(w.sum())), _fmt(mean("mean_abs_delta"), "g3"), _fmt(part["max_abs_delta"].max(), "g3"),
+                      _fmt(mean("k3_kl"), "g3"), _fmt(mean("share_above"), "pct1"))
     return table
