@@ -248,6 +248,8 @@ def run(
             why = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
             console.print(f"[yellow]no summary saved[/yellow]: {escape(why)}; the rows are in {shown}/cells "
                           f"(harness summarize {shown} reads them)")
+    if loaded.experiment.rescore and result.ran:
+        _rescore_after_run(console, out, set(result.ran))
     if result.failed:
         console.print(
             f"[red]{len(result.failed)} cell(s) failed[/red]: their causes are in 'harness status {shown}'; "
@@ -260,6 +262,21 @@ def run(
                       "where it is (exit code 0)")
     else:
         console.print("every cell run is done (exit code 0)")
+
+
+def _rescore_after_run(console: Console, out: Path, ran: set[str]) -> None:
+    """`rescore: true`: the cells this run ran, scored by their own setting (harness.rescore); a scorer
+    that cannot is said, and the run's exit code stays the run's."""
+    from harness import rescore as scoring
+
+    try:
+        written, refused = scoring.rescore(_results(out), log=lambda m: console.print(escape(m)), cell_ids=ran)
+    except (HarnessError, OSError) as exc:
+        console.print(f"[yellow]not rescored[/yellow]: {escape(str(exc))}; 'harness rescore {escape(str(out))}' tries again")
+        return
+    console.print(f"rescored {len(written)} cell(s): harness rescore {escape(str(out))} --stats-only shows the figures")
+    for why in refused:
+        console.print(f"[yellow]not scored[/yellow]: {escape(why)}")
 
 
 def _before_running(loaded: Any, selection: Any, reference: list[str], reference_run: str) -> None:
@@ -498,6 +515,7 @@ def rescore(
     threshold: float = typer.Option(0.18, "--threshold", min=0, help="|delta logprob| in nats beyond which a "
                                     "token counts in share_above (0.18: a probability ratio of 1.2)."),
     stats_only: bool = typer.Option(False, "--stats-only", help="Show the figures of scores already stored; score nothing."),
+    force: bool = typer.Option(False, "--force", help="Score again cells this scorer has scored already."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per scorer, cell and prompt."),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
@@ -519,7 +537,8 @@ def rescore(
     console = Console(stderr=True, highlight=False) if fmt != "table" else _console()  # stdout holds the data
     if not stats_only:
         with _stdout_to_stderr(fmt != "table"):
-            written, refused = scoring.rescore(found, engine, dtype, log=lambda m: console.print(escape(m)))
+            written, refused = scoring.rescore(found, engine, dtype, log=lambda m: console.print(escape(m)),
+                                               force=force)
         for path in written:
             console.print(f"wrote {escape(str(path))}")
         for why in refused:

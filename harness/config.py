@@ -178,6 +178,9 @@ class Experiment(Strict):
     probe_prefill: bool = Field(
         default=False, description="llamacpp: prefill prompt + output in one pass and compare its logits with decoding's"
     )
+    rescore: bool = Field(
+        default=False, description="after the run, prefill each ok run's prompt + output alone with its own engine, "
+        "model and dtype and store each token's scoring log-probability (harness rescore; llamacpp and vllm)")
     unseeded_fillers: bool = Field(
         default=False, description="send the fillers of a batch without a seed (T > 0: does the target's seed hold?)"
     )

@@ -66,6 +66,17 @@ ROW_COLUMNS = list(KEY_COLUMNS) + [
 ] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
 
 
+def setting_ids(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, pd.DataFrame]:
+    """(per row, the number of its setting; per number, the setting's `keys`), settings numbered in
+    sorted order. Worked out per cell, since a cell holds one setting: grouping a million rows by
+    a dozen setting columns costs seconds, grouping a few hundred cells nothing."""
+    cells = frame.drop_duplicates("cell_id")
+    number = cells.groupby(keys, dropna=False, sort=True, observed=True).ngroup().to_numpy()
+    per_row = number[pd.Index(cells["cell_id"]).get_indexer(frame["cell_id"])]
+    settings = cells[keys].assign(_n=number).drop_duplicates("_n").sort_values("_n").drop(columns="_n")
+    return per_row, settings.reset_index(drop=True)
+
+
 def per_value(column: pd.Series, fn: Callable[[Any], Any], missing: Any = None) -> pd.Series:
     """`fn` of each row's value, computed once per distinct value (an object column; `missing` where
     the value is missing). A million runs of a few outputs cost a few calls, and equal results
@@ -286,25 +297,41 @@ def reference_repeats(ok: pd.DataFrame, rule: str = "first") -> pd.DataFrame:
     modal: the first repeat of the most frequent output, so one unlucky run does not decide every
     verdict of the prompt.
     """
-    refuse_reference_run(rule)
-    by = ["cell_id", "prompt_id"]
-    outputs = (ok.groupby(by + ["output_hash"], sort=False, observed=True)["repeat"]
-               .agg(["size", "min"]).reset_index())
-    per_prompt = outputs.groupby(by, sort=False, observed=True)["size"]
-    share = outputs["size"] / per_prompt.transform("sum")
-    top = outputs["size"] == per_prompt.transform("max")
-    tie = top.groupby([outputs[c] for c in by], sort=False, observed=True).transform("sum") > 1
-    outputs = outputs.assign(share=share, tie=tie & (rule == "modal"))
-    if rule == "first":
-        chosen = outputs.sort_values("min", kind="stable")
-    else:
-        chosen = outputs.sort_values(["size", "min"], ascending=[False, True], kind="stable")
-    chosen = chosen.drop_duplicates(by)
+    stands, share, tie = _stand_ins(ok, rule)
+    chosen = ok[stands]
     return pd.DataFrame({
         "cell_id": chosen["cell_id"].to_numpy(), "prompt_id": chosen["prompt_id"].to_numpy(),
-        "reference_repeat": chosen["min"].to_numpy(), "reference_share": chosen["share"].to_numpy(),
-        "reference_tie": chosen["tie"].to_numpy(),
+        "reference_repeat": chosen["repeat"].to_numpy(), "reference_share": share[stands],
+        "reference_tie": tie[stands],
     })
+
+
+def _stand_ins(ok: pd.DataFrame, rule: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per ok row: (whether it is the run that stands for its cell and prompt under `rule`, the share
+    of its cell and prompt's runs that gave its output, whether another output was as frequent
+    under `modal`). On integer codes, since a million rows come through here."""
+    refuse_reference_run(rule)
+    cell, _ = pd.factorize(ok["cell_id"])
+    prompt, prompts = pd.factorize(ok["prompt_id"])
+    output, outputs = pd.factorize(ok["output_hash"])
+    group = cell.astype(np.int64) * max(len(prompts), 1) + prompt
+    combo = group * max(len(outputs), 1) + output
+    repeat = ok["repeat"].to_numpy()
+    per = pd.DataFrame({"group": group, "combo": combo, "repeat": repeat})
+    counted = per.groupby("combo", sort=False).agg(group=("group", "first"), size=("repeat", "size"),
+                                                   first=("repeat", "min")).reset_index()
+    by_group = counted.groupby("group", sort=False)["size"]
+    counted["share"] = counted["size"] / by_group.transform("sum")
+    top = counted["size"] == by_group.transform("max")
+    counted["tie"] = (top.groupby(counted["group"], sort=False).transform("sum") > 1) & (rule == "modal")
+    order = (["group", "first"], [True, True]) if rule == "first" else (["group", "size", "first"], [True, False, True])
+    chosen = counted.sort_values(order[0], ascending=order[1], kind="stable").drop_duplicates("group")
+    best = chosen.set_index("group")
+    at = pd.Index(best.index)
+    where = at.get_indexer(group)
+    stands = (combo == best["combo"].to_numpy()[where]) & (repeat == best["first"].to_numpy()[where])
+    share = counted.set_index("combo")["share"].reindex(combo).to_numpy()
+    return stands, share, np.asarray(best["tie"].to_numpy()[where], dtype=bool)
 
 
 def _refuse_twins(first: pd.DataFrame, keys: list[str]) -> None:
@@ -345,11 +372,8 @@ def against_reference(
         raise UsageError(f"--reference {unswept[0]}={reference[unswept[0]]}: these results do not sweep "
                          f"{unswept[0]}; swept engine options here: {', '.join(option_columns(rows)) or 'none'}")
     ok = rows[rows["status"] == "ok"].copy()
-    chosen = ok[["cell_id", "prompt_id", "repeat"]].merge(reference_repeats(ok, reference_run),
-                                                          on=["cell_id", "prompt_id"], how="left")
-    stands = chosen["repeat"].to_numpy() == chosen["reference_repeat"].to_numpy()
-    first = ok[stands].assign(reference_share=chosen["reference_share"].to_numpy()[stands],
-                              reference_tie=chosen["reference_tie"].to_numpy()[stands])
+    stands, share, tie = _stand_ins(ok, reference_run)
+    first = ok[stands].assign(reference_share=share[stands], reference_tie=tie[stands])
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
     if "logprobs_hash" not in ok:
         ok["logprobs_hash"] = None
@@ -473,12 +497,16 @@ def summarize(
         if name not in status.columns:
             status[name] = 0
     errors = rows[rows["status"] != "ok"].groupby(by)["error"].first().rename("error")
-    ok = (against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for, reference_run)
-          if compared is None else compared.copy())
+    if compared is None:
+        compared = against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for, reference_run)
+    # only what the statistics read: a copy of every column of a million rows costs what it holds
+    used = by + ["output_hash", "matched", "first_divergence", "n_tokens", "target_tokens_per_s", "reference_cell",
+                 "reference_repeat", "reference_share", "reference_tie", "node", "reference_node",
+                 "logprob_first_diff", "logprob_max_abs_diff"]
+    ok = compared[used].copy()
     for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
-        if column not in ok:
-            ok[column] = np.nan
-    ok["identical_lp"] = ok["logprobs_identical"].astype("Float64")
+        ok[column] = compared[column] if column in compared else np.nan
+    ok["identical_lp"] = compared["logprobs_identical"].astype("Float64")
 
     g = ok.groupby(by, sort=False)
     stats = pd.DataFrame(

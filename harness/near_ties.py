@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from harness.metrics import keys_of
+from harness.metrics import keys_of, setting_ids
 
 #: the default eps: the margin below which a step is a near tie (also the logit probes' threshold)
 NEAR_TIE = 0.1
@@ -46,17 +46,15 @@ def bucket_labels(edges: tuple[float, ...] = EDGES) -> list[str]:
 def _per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Series], eps: float,
              edges: tuple[float, ...]) -> pd.DataFrame:
     """Per compared run: steps at risk, near ties, per-bucket steps, and where it departed."""
-    judged = compared[compared["matched"].notna()]
-    refs = compared[compared["is_reference"]]
+    judged = compared.loc[compared["matched"].notna(), keys_of(compared) + [
+        "cell_id", "reference_cell", "prompt_id", "first_divergence", "n_tokens"]]
+    refs = compared.loc[compared["is_reference"], ["cell_id", "prompt_id", "repeat"]]
     margins = dict(zip(zip(refs["cell_id"], refs["prompt_id"]), margins_for(refs)))
     buckets = len(edges) + 1
     out = np.full((len(judged), 4 + buckets), np.nan)  # steps, near, flip bucket, flip near, bucket steps
-    ref_keys = list(zip(judged["reference_cell"], judged["prompt_id"]))
     departed = judged["first_divergence"].to_numpy(dtype=float)
     length = judged["n_tokens"].to_numpy(dtype=float)
-    groups: dict[tuple, list[int]] = {}
-    for i, key in enumerate(ref_keys):
-        groups.setdefault(key, []).append(i)
+    groups = judged.groupby(["reference_cell", "prompt_id"], sort=False, observed=True).indices
     for key, rows in groups.items():
         values = margins.get(key)
         if values is None:
@@ -80,7 +78,7 @@ def _per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Se
         out[idx, 2] = np.where(flip_bucket >= 0, flip_bucket, np.nan)
         out[idx, 3] = np.where(flip_bucket >= 0, (m[at] < eps) if len(m) else False, np.nan)
         out[idx, 4:] = counts[:, window].T
-    frame = judged[keys_of(judged)].copy()
+    frame = judged[["cell_id"] + keys_of(compared)].copy()
     frame["has_margins"] = ~np.isnan(out[:, 0])
     frame["departed"] = ~np.isnan(departed)
     frame["steps"], frame["near"] = out[:, 0], out[:, 1]
@@ -96,26 +94,37 @@ def count(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Serie
     keys = keys_of(compared)
     runs = _per_run(compared, margins_for, eps, edges)
     labels = bucket_labels(edges)
-    settings, buckets = [], []
-    for key, part in runs.groupby(keys, dropna=False, sort=True, observed=True):
-        setting = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        seen = part[part["has_margins"]]
-        steps, near = float(seen["steps"].sum()), float(seen["near"].sum())
-        flips_near = int(seen["flip_near"].fillna(0).sum())
-        settings.append(setting | {
-            "runs": len(part), "runs_without_margins": int((~part["has_margins"]).sum()),
-            "steps_at_risk": int(steps), "near_ties": int(near),
-            "near_tie_density": 1000.0 * near / steps if steps else np.nan,
-            "flips": int(seen["departed"].sum()), "flips_at_near_ties": flips_near,
-            "flips_per_near_tie": flips_near / near if near else np.nan,
-        })
-        lows = (0.0,) + edges
-        highs = edges + (np.nan,)  # the last bucket has no upper edge
-        for b, label in enumerate(labels):
-            at_risk = float(seen[f"b{b}"].sum())
-            flips = int((seen["flip_bucket"] == b).sum())
-            buckets.append(setting | {"bucket": label, "margin_low": lows[b], "margin_high": highs[b],
-                                      "steps": int(at_risk), "flips": flips,
-                                      "flip_rate": flips / at_risk if at_risk else np.nan})
-    return (pd.DataFrame(settings, columns=keys + SETTING_COLUMNS),
-            pd.DataFrame(buckets, columns=keys + BUCKET_COLUMNS))
+    if runs.empty:
+        return pd.DataFrame(columns=keys + SETTING_COLUMNS), pd.DataFrame(columns=keys + BUCKET_COLUMNS)
+    seen = runs["has_margins"].to_numpy()
+    flip_bucket = runs["flip_bucket"].to_numpy()
+    # one pass over the runs: every per-setting sum is a column summed by setting
+    parts = {"runs": np.ones(len(runs)), "runs_without_margins": (~seen).astype(float),
+             "steps_at_risk": np.where(seen, runs["steps"], 0.0), "near_ties": np.where(seen, runs["near"], 0.0),
+             "flips": (seen & runs["departed"].to_numpy()).astype(float),
+             "flips_at_near_ties": np.where(seen, runs["flip_near"].fillna(0), 0.0)}
+    for b in range(len(labels)):
+        parts[f"steps{b}"] = np.where(seen, runs[f"b{b}"], 0.0)
+        parts[f"flips{b}"] = (seen & (flip_bucket == b)).astype(float)
+    number, known = setting_ids(runs, keys)
+    sums = pd.concat([known, pd.DataFrame(parts).groupby(number).sum().reindex(range(len(known)), fill_value=0)],
+                     axis=1)
+    settings = sums[keys].copy()
+    for column in ("runs", "runs_without_margins", "steps_at_risk", "near_ties", "flips", "flips_at_near_ties"):
+        settings[column] = sums[column].astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        settings["near_tie_density"] = np.where(sums["steps_at_risk"] > 0,
+                                                1000.0 * sums["near_ties"] / sums["steps_at_risk"], np.nan)
+        settings["flips_per_near_tie"] = np.where(sums["near_ties"] > 0,
+                                                  sums["flips_at_near_ties"] / sums["near_ties"], np.nan)
+    lows, highs = (0.0,) + edges, edges + (np.nan,)  # the last bucket has no upper edge
+    buckets = []
+    for b, label in enumerate(labels):
+        part = sums[keys].assign(bucket=label, margin_low=lows[b], margin_high=highs[b],
+                                 steps=sums[f"steps{b}"].astype(np.int64), flips=sums[f"flips{b}"].astype(np.int64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            part["flip_rate"] = np.where(part["steps"] > 0, part["flips"] / part["steps"], np.nan)
+        part["_order"] = np.arange(len(part)) * len(labels) + b
+        buckets.append(part)
+    by_bucket = pd.concat(buckets, ignore_index=True).sort_values("_order").drop(columns="_order")
+    return settings[keys + SETTING_COLUMNS], by_bucket[keys + BUCKET_COLUMNS].reset_index(drop=True)

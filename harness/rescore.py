@@ -17,9 +17,10 @@ delta_i = s_i - d_i:
                      greedy decoding they were not, and it is a divergence score, not a KL)
     share_above      share of tokens with |delta_i| > threshold (an importance-sampling clamp)
 
-Scores land in RESULTS/rescored/<scorer id>.parquet, written whole (atomic rename), keyed by the
-run (cell, prompt, repeat) and its output hash; a run whose output changed is never matched with
-a stale score. Cells with a shared context (context_tokens > 0) are not rescored: the context text
+Scores land in RESULTS/rescored/<scorer id>/<cell id>.parquet, each written whole (atomic rename),
+keyed by the run (cell, prompt, repeat) and its output hash; a run whose output changed is never
+matched with a stale score. A cell already scored by the same scorer is not scored again (unless
+forced), so `rescore` resumes like `run`. Cells with a shared context (context_tokens > 0) are not rescored: the context text
 is not stored with the rows.
 """
 
@@ -104,9 +105,11 @@ def scorable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
 
 
 def rescore(results: Results, engine: str | None = None, dtype: str | None = None,
-            log: Callable[[str], None] = print) -> tuple[list[Path], list[str]]:
-    """Score every ok run of the folder's current cells; returns (the files written, one per
-    scorer; the scorers that refused, each with its reason). A refusal leaves the others to run."""
+            log: Callable[[str], None] = print, cell_ids: set[str] | None = None,
+            force: bool = False) -> tuple[list[Path], list[str]]:
+    """Score the ok runs of the folder's current cells (or of `cell_ids`); a cell already scored by
+    the same scorer is skipped unless `force`. Returns (the files written, one per scorer and cell;
+    the scorers that refused, each with its reason). A refusal leaves the others to run."""
     from harness.engines.base import Unsupported
     from harness.store import Store
 
@@ -114,20 +117,22 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
     cells = {c.id: (c, loaded) for loaded in results.experiments for c in expand(loaded)}
     by_scorer: dict[str, tuple[Any, Any, list[str]]] = {}
     for cell_id in ok["cell_id"].unique():
-        if cell_id in cells:
+        if cell_id in cells and (cell_ids is None or cell_id in cell_ids):
             cell, loaded = cells[cell_id]
             spec = scorer_spec(cell.load_spec(), engine, dtype)
-            by_scorer.setdefault(digest({"spec": repr(spec)}, 12), (spec, loaded, []))[2].append(cell_id)
+            key = digest({"spec": repr(spec)}, 12)
+            if force or not _path(results.root, key, cell_id).exists():
+                by_scorer.setdefault(key, (spec, loaded, []))[2].append(cell_id)
     written, refused = [], []
-    for key, (spec, loaded, cell_ids) in by_scorer.items():
-        runs = ok[ok["cell_id"].isin(cell_ids)]
+    for key, (spec, loaded, chosen) in by_scorer.items():
+        runs = ok[ok["cell_id"].isin(chosen)]
         tokens = results.tokens_for(set(runs["output_hash"]))
         texts = {p.id: p.text for p in loaded.prompt_set.prompts}
         scorer = Scorer(spec, loaded.base_dir, log)
         if scorer.refusal:
             refused.append(scorer.refusal)
             continue
-        log(f"scoring {len(runs)} run(s) with {scorer.label}")
+        log(f"scoring {len(runs)} run(s) of {len(chosen)} cell(s) with {scorer.label}")
         try:
             with scorer:
                 records = [{"cell_id": r.cell_id, "prompt_id": r.prompt_id, "repeat": int(r.repeat),
@@ -137,19 +142,26 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
         except Unsupported as exc:  # the engine's own rule, met at the first score
             refused.append(f"{scorer.label}: {exc}")
             continue
-        for record in records:
-            record["scorer"] = scorer.description
-        path = results.root / FOLDER / f"{key}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(records, schema=SCHEMA)
-        Store(results.root).atomic_write(path, lambda tmp, t=table: pq.write_table(t, tmp))
-        written.append(path)
+        store = Store(results.root)
+        for cell_id in chosen:
+            table = pa.Table.from_pylist([r | {"scorer": scorer.description} for r in records
+                                          if r["cell_id"] == cell_id], schema=SCHEMA)
+            path = _path(results.root, key, cell_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store.atomic_write(path, lambda tmp, t=table: pq.write_table(t, tmp))
+            written.append(path)
     return written, refused
+
+
+def _path(root: Path, scorer_id: str, cell_id: str) -> Path:
+    """One file per scorer and cell, like cells/: array tasks that score their own cells never
+    write the same file."""
+    return root / FOLDER / scorer_id / f"{cell_id}.parquet"
 
 
 def read_scores(root: Path) -> pd.DataFrame:
     """Every stored score of a results folder (empty frame with SCHEMA's columns when none)."""
-    files = sorted((root / FOLDER).glob("*.parquet"))
+    files = sorted((root / FOLDER).glob("*/*.parquet"))
     if not files:
         return pd.DataFrame(columns=SCHEMA.names)
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)

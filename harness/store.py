@@ -488,11 +488,18 @@ class Store:
             if column not in handle.schema_arrow.names:
                 continue
             ids = handle.read(columns=["prompt_id", "repeat"])
-            where = pd.Series(np.arange(ids.num_rows), index=pd.MultiIndex.from_arrays(
-                [np.asarray(ids.column(0).to_pylist(), dtype=object), ids.column(1).to_numpy()]))
-            where = where[~where.index.duplicated()]
-            at = where.reindex(pd.MultiIndex.from_arrays(
-                [part["prompt_id"].astype(object).to_numpy(), part["repeat"].to_numpy(dtype=np.int64)])).to_numpy()
+            prompts = [str(p) for p in part["prompt_id"].astype(object).unique()]
+            repeats = part["repeat"].to_numpy(dtype=np.int64)
+            # only the rows that can be wanted become Python values (a few of thousands, in a big cell)
+            maybe = pc.and_(pc.is_in(ids.column(0), value_set=pa.array(prompts, pa.string())),
+                            pc.is_in(ids.column(1), value_set=pa.array(np.unique(repeats), ids.column(1).type)))
+            rows = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
+            where: dict[tuple[str, int], int] = {}
+            for row, p, r in zip(rows, ids.column(0).take(pa.array(rows)).to_pylist(),
+                                 ids.column(1).take(pa.array(rows)).to_pylist()):
+                where.setdefault((p, int(r)), int(row))
+            at = np.array([where.get((str(p), int(r)), -1) for p, r in zip(part["prompt_id"], repeats)], dtype=float)
+            at[at < 0] = np.nan
             found = ~np.isnan(at)
             if found.any():
                 values = handle.read(columns=[column]).column(0).take(pa.array(at[found].astype(np.int64)))

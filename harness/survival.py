@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.metrics import keys_of
+from harness.metrics import keys_of, setting_ids
 
 CURVE_COLUMNS = ["tokens", "at_risk", "departed", "censored", "identical", "low", "high"]
 Z95 = 1.959963984540054
@@ -29,7 +29,8 @@ Z95 = 1.959963984540054
 def times(compared: pd.DataFrame) -> pd.DataFrame:
     """Each compared run's (time, event): event runs at first_divergence + 1, identical runs
     censored at their length."""
-    judged = compared[compared["matched"].notna()]
+    judged = compared.loc[compared["matched"].notna(),
+                          keys_of(compared) + ["cell_id", "first_divergence", "n_tokens"]]
     event = judged["first_divergence"].notna().to_numpy()
     time = np.where(event, judged["first_divergence"].fillna(0).to_numpy(dtype=float) + 1,
                     judged["n_tokens"].to_numpy(dtype=float))
@@ -37,33 +38,40 @@ def times(compared: pd.DataFrame) -> pd.DataFrame:
 
 
 def kaplan_meier(time: np.ndarray, event: np.ndarray) -> pd.DataFrame:
-    """The step curve at t = 0 and at each distinct time (CURVE_COLUMNS)."""
-    order = np.argsort(time, kind="stable")
-    time, event = np.asarray(time)[order], np.asarray(event, dtype=bool)[order]
-    at, first = np.unique(time, return_index=True)
-    departed = np.add.reduceat(event.astype(np.int64), first) if len(time) else np.array([], dtype=np.int64)
-    ended = np.diff(np.append(first, len(time)))
-    at_risk = len(time) - first
+    """One step curve, at t = 0 and at each distinct time (CURVE_COLUMNS)."""
+    return _curves(np.zeros(len(time), dtype=np.int64), np.asarray(time), np.asarray(event, dtype=bool))
+
+
+def _curves(group: np.ndarray, time: np.ndarray, event: np.ndarray) -> pd.DataFrame:
+    """Every group's curve at once (a million runs over hundreds of settings in one pass): the
+    `group` column, then CURVE_COLUMNS, each group's rows from t = 0 on."""
+    counts = (pd.DataFrame({"group": group, "tokens": time, "event": event.astype(np.int64)})
+              .groupby(["group", "tokens"], sort=True).agg(ended=("event", "size"), departed=("event", "sum"))
+              .reset_index())
+    by = counts.groupby("group", sort=False)
+    at_risk = (by["ended"].transform("sum") - by["ended"].cumsum() + counts["ended"]).to_numpy(dtype=float)
+    departed = counts["departed"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        step = 1.0 - departed / at_risk
-        survive = np.cumprod(step)
-        greenwood = np.cumsum(np.where(at_risk > departed, departed / (at_risk * (at_risk - departed)), 0.0))
-        log_s = np.log(survive)
-        se = np.sqrt(greenwood) / np.abs(log_s)
+        step = np.log1p(-departed / at_risk)  # -inf where every run at risk departs
+        survive = np.exp(pd.Series(step).groupby(counts["group"].to_numpy()).cumsum().to_numpy())
+        term = np.where(at_risk > departed, departed / (at_risk * (at_risk - departed)), 0.0)
+        greenwood = pd.Series(term).groupby(counts["group"].to_numpy()).cumsum().to_numpy()
+        se = np.sqrt(greenwood) / np.abs(np.log(survive))
         low = survive ** np.exp(Z95 * se)
         high = survive ** np.exp(-Z95 * se)
-    untouched = survive >= 1.0
-    low = np.where(untouched, 0.025 ** (1.0 / at_risk), low)
-    high = np.where(untouched, 1.0, high)
-    gone = survive <= 0.0
-    low = np.where(gone, 0.0, low)
-    high = np.where(gone, 1.0 - 0.025 ** (1.0 / at_risk), high)
-    # t = 0 stands for the step up to the first time: S is 1 there, known from all the runs
-    head = pd.DataFrame({"tokens": [0], "at_risk": [len(time)], "departed": [0], "censored": [0], "identical": [1.0],
-                         "low": [0.025 ** (1.0 / len(time)) if len(time) else np.nan], "high": [1.0]})
-    body = pd.DataFrame({"tokens": at, "at_risk": at_risk, "departed": departed, "censored": ended - departed,
-                         "identical": survive, "low": low, "high": high})
-    return pd.concat([head, body[body["tokens"] > 0]], ignore_index=True)[CURVE_COLUMNS]
+    untouched, gone = survive >= 1.0, survive <= 0.0
+    low = np.where(gone, 0.0, np.where(untouched, 0.025 ** (1.0 / at_risk), low))
+    high = np.where(gone, 1.0 - 0.025 ** (1.0 / at_risk), np.where(untouched, 1.0, high))
+    body = pd.DataFrame({"group": counts["group"], "tokens": counts["tokens"], "at_risk": at_risk.astype(np.int64),
+                         "departed": departed.astype(np.int64),
+                         "censored": (counts["ended"] - counts["departed"]).to_numpy(), "identical": survive,
+                         "low": low, "high": high})
+    # t = 0 stands for the step up to the first time: S is 1 there, known from all of the group's runs
+    sizes = pd.Series(group).value_counts().sort_index()
+    head = pd.DataFrame({"group": sizes.index, "tokens": 0, "at_risk": sizes.to_numpy(), "departed": 0, "censored": 0,
+                         "identical": 1.0, "low": 0.025 ** (1.0 / sizes.to_numpy()), "high": 1.0})
+    out = pd.concat([head, body[body["tokens"] > 0]], ignore_index=True)
+    return out.sort_values(["group", "tokens"], kind="stable").reset_index(drop=True)[["group"] + CURVE_COLUMNS]
 
 
 def median_tokens(curve: pd.DataFrame) -> float:
@@ -77,24 +85,24 @@ def curves(compared: pd.DataFrame) -> pd.DataFrame:
     setting's keys, then CURVE_COLUMNS."""
     keys = keys_of(compared)
     runs = times(compared)
-    parts = []
-    for key, part in runs.groupby(keys, dropna=False, sort=True, observed=True):
-        curve = kaplan_meier(part["time"].to_numpy(), part["event"].to_numpy())
-        for column, value in zip(keys, key if isinstance(key, tuple) else (key,)):
-            curve.insert(len(curve.columns) - len(CURVE_COLUMNS), column, value)
-        parts.append(curve)
-    if not parts:
+    if runs.empty:
         return pd.DataFrame(columns=keys + CURVE_COLUMNS)
-    return pd.concat(parts, ignore_index=True)
+    group, settings = setting_ids(runs, keys)
+    out = _curves(group, runs["time"].to_numpy(), runs["event"].to_numpy())
+    return pd.concat([settings.iloc[out["group"].to_numpy()].reset_index(drop=True), out[CURVE_COLUMNS]], axis=1)
 
 
 def medians(curve_frame: pd.DataFrame) -> pd.DataFrame:
     """Per setting of `curves`: runs, runs that departed, and the median tokens to divergence."""
     keys = [c for c in curve_frame.columns if c not in CURVE_COLUMNS]
-    records = []
-    for key, curve in curve_frame.groupby(keys, dropna=False, sort=True, observed=True):
-        records.append(dict(zip(keys, key if isinstance(key, tuple) else (key,))) | {
-            "runs": int(curve["at_risk"].iloc[0]), "departed": int(curve["departed"].sum()),
-            "median_tokens_to_divergence": median_tokens(curve),
-        })
-    return pd.DataFrame(records, columns=keys + ["runs", "departed", "median_tokens_to_divergence"])
+    columns = keys + ["runs", "departed", "median_tokens_to_divergence"]
+    if curve_frame.empty:
+        return pd.DataFrame(columns=columns)
+    group = curve_frame.groupby(keys, dropna=False, sort=False, observed=True).ngroup()
+    by = curve_frame.groupby(group, sort=False)
+    first = curve_frame[~group.duplicated()].set_index(group[~group.duplicated()])
+    below = curve_frame[curve_frame["identical"] <= 0.5]
+    median = below.groupby(group[below.index], sort=False)["tokens"].first() - 1
+    return pd.DataFrame({**{k: first[k] for k in keys}, "runs": first["at_risk"], "departed": by["departed"].sum(),
+                         "median_tokens_to_divergence": median.reindex(first.index).astype(float)})[columns] \
+        .reset_index(drop=True)

@@ -42,6 +42,7 @@ from harness.config import load_experiment  # noqa: E402
 from harness.matrix import expand  # noqa: E402
 from harness.results import ResultsFolder, fingerprint  # noqa: E402
 from harness.rows import output_hash  # noqa: E402
+from harness.store import LANDING_KEY  # noqa: E402
 
 PROMPTS = 5
 TOKENS = 64
@@ -132,7 +133,6 @@ def build(folder: Path, template: pa.Table, rows: int, seed: int) -> Truth:
     truth = Truth({}, {}, {}, {}, {})
     pick = template.take(np.zeros(PROMPTS * repeats, dtype=np.int64))  # one real row, copied
     shares = np.cumsum([s for _, s in VARIANTS])
-    entries = {}
     for cell in expand(loaded):
         n = PROMPTS * repeats
         prompt_ids = np.repeat([f"p{i}" for i in range(PROMPTS)], repeats)
@@ -160,9 +160,12 @@ def build(folder: Path, template: pa.Table, rows: int, seed: int) -> Truth:
         table = pick
         for name, values in columns.items():
             table = table.set_column(table.schema.get_field_index(name), name, values)
+        # the landing record travels in the cell file's own metadata, as a real landing writes it
+        landing = {"experiment": fingerprint(loaded), "statuses": {"ok": n}, "run_id": "synthetic",
+                   "writer": "bench_scale", "written_at": "2026-01-01T00:00:00+00:00"}
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               LANDING_KEY: json.dumps(landing, sort_keys=True)})
         results.store.atomic_write(results.store.cell_path(cell.id), lambda tmp: pq.write_table(table, tmp))
-        entries[cell.id] = {"experiment": fingerprint(loaded), "statuses": {"ok": n}, "run_id": "synthetic",
-                            "writer": "bench_scale", "written_at": "2026-01-01T00:00:00+00:00"}
         if cell["batch_size"] == 2:
             for i in range(PROMPTS):
                 p = f"p{i}"
@@ -176,7 +179,6 @@ def build(folder: Path, template: pa.Table, rows: int, seed: int) -> Truth:
                 if at:  # the earliest variant's runs part from all others there
                     early = sum(1 for a in at if a == min(at))
                     truth.root_split[key] = (min(at), tuple(sorted((early, repeats - early))))
-    results._update(lambda data: data["cells"].update(entries))
     return truth
 
 

@@ -117,3 +117,22 @@ def test_permutation_p_value_equals_an_exact_enumeration():
     exact = np.mean([s >= stat(strata) - 1e-15 for s in every])
     assert observed == pytest.approx(stat(strata))
     assert p == pytest.approx(exact, abs=0.01)
+
+
+def test_rescore_option_scores_the_cells_a_run_ran_and_rescore_resumes(tmp_path):
+    from .conftest import PROMPTS
+
+    (tmp_path / "prompts.yaml").write_text(PROMPTS)
+    (tmp_path / "exp.yaml").write_text("name: scored\nprompts: prompts.yaml\nmax_tokens: 8\nrescore: true\n"
+                                       "matrix: {model: [smollm2-135m], batch_size: [1, 2]}\n"
+                                       "engine_options: {llamacpp: {n_threads: 2}}\n")
+    out = tmp_path / "out"
+    done = run_harness("run", "exp.yaml", "--out", str(out), "--no-summary", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rescored 2 cell(s)" in done.stdout
+    files = sorted((out / "rescored").glob("*/*.parquet"))
+    assert len(files) == 2 and len(read_scores(out)) == 4  # 2 cells x 2 prompts x 1 repeat
+    again = run_harness("rescore", str(out))
+    assert again.returncode == 0 and "scoring" not in again.stdout  # nothing left to score
+    forced = run_harness("rescore", str(out), "--force")
+    assert forced.returncode == 0 and "scoring 4 run(s) of 2 cell(s)" in forced.stdout
