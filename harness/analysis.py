@@ -56,7 +56,10 @@ class Analysis:
 
     @cached_property
     def rows(self) -> pd.DataFrame:
-        """The rows the statistics read (provenance as categoricals)."""
+        """The rows the statistics read (provenance as categoricals); the report's rows where those
+        are in memory already (they hold these columns and more): a folder is read once."""
+        if "report_rows" in self.__dict__:
+            return self.report_rows
         return self.results.read_rows(columns=SUMMARY_COLUMNS, provenance_as_categories=True)
 
     @cached_property
@@ -86,14 +89,23 @@ class Analysis:
         return survival.curves(self.compared)
 
     @cached_property
-    def near_ties(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(per setting, per setting and margin bucket): departures per close call (harness.near_ties)."""
+    def _tie_counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         return near_ties.count(self.compared, self.results.margins_for, self.near_tie)
+
+    @property
+    def near_ties(self) -> pd.DataFrame:
+        """Per setting: near-tie density and flips per near tie (harness.near_ties)."""
+        return self._tie_counts[0]
+
+    @property
+    def flips_by_margin(self) -> pd.DataFrame:
+        """Per setting and margin bucket: the chance per step that a run departs (harness.near_ties)."""
+        return self._tie_counts[1]
 
     @cached_property
     def by_setting(self) -> pd.DataFrame:
         """Per setting: compared runs, divergence rate with both bounds, survival median, near ties."""
-        return by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties[0])
+        return by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties)
 
     @cached_property
     def slowdown(self) -> pd.DataFrame:
@@ -111,9 +123,14 @@ class Analysis:
 
     @cached_property
     def paired(self) -> pd.DataFrame:
-        """The ok report rows, each with its reference run and where it departs from it."""
-        return metrics.against_reference(self.report_rows, self.results.tokens_for, self.reference, self.allow_mixed,
-                                         reference_run=self.reference_run)
+        """The ok report rows, each with its reference run and where it departs from it (the
+        statistics' own pairing, once the report's rows are the rows)."""
+        rows = self.report_rows  # read first, so that `rows` is these rows and `compared` pairs them
+        if self.rows is rows:
+            return self.compared
+        r = self.results  # the statistics read their own rows before: pair the report's as well
+        return metrics.against_reference(rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+                                         self.reference_run)
 
     @cached_property
     def charts(self) -> Charts:
@@ -140,7 +157,7 @@ class Analysis:
 
     def table(self, name: str) -> pd.DataFrame:
         """One of TABLES by its name."""
-        return getattr(self, TABLES[name][0]) if name != "flips_by_margin" else self.near_ties[1]
+        return getattr(self, TABLES[name][0])
 
     def save(self, out: Path | None = None) -> None:
         """Write the TABLES as Parquet into the folder (those marked always even when empty; the
@@ -164,5 +181,5 @@ TABLES: dict[str, tuple[str, str, bool]] = {
     "probes": ("probes", "probes", False),
     "answers": ("answers", "answers", False),
     "survival": ("survival", "survival", False),
-    "flips_by_margin": ("near_ties", "flips_by_margin", False),
+    "flips_by_margin": ("flips_by_margin", "flips_by_margin", False),
 }

@@ -91,7 +91,7 @@ def test_near_ties_and_flips_by_margin_equal_a_count_from_the_stored_margins(pro
     pairs = _pairs(probed_results)
     eps = 0.5
     analysis = Analysis(open_results(probed_results), {"seed": 1}, near_tie=eps)
-    per_setting, buckets = analysis.near_ties
+    per_setting, buckets = analysis.near_ties, analysis.flips_by_margin
     edges = (0.0,) + near_ties.EDGES + (math.inf,)
     for seed in (1, 2):
         runs = pairs[pairs.seed == seed]

@@ -116,7 +116,7 @@ def compute(analysis: Any) -> Charts:
         varying=varying,
         answers=answers,
         survival=_series_first(analysis.survival, varying),
-        flips_by_margin=_series_first(analysis.near_ties[1], varying),
+        flips_by_margin=_series_first(analysis.flips_by_margin, varying),
     )
 
 
