@@ -62,7 +62,7 @@ ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
     "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used",
     "prefill_probe_steps", "prefill_probe_steps_differed", "prefill_probe_first_diff_step",
-    "prefill_probe_max_abs_diff",
+    "prefill_probe_max_abs_diff", "prefill_probe_kl_mean", "prefill_probe_kl_max",
 ] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
 
 

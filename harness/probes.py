@@ -107,15 +107,29 @@ def prefill_columns(decoded: Trace, prefilled: np.ndarray) -> dict[str, Any]:
     """
     steps = min(len(decoded.logits), len(prefilled))
     differed, first, largest = 0, None, 0.0
+    kl = []
     for step in range(steps):
         a, b = decoded.logits[step], prefilled[step]
         unequal = a != b
+        kl.append(step_kl(a, b) if unequal.any() else 0.0)
         if unequal.any():
             differed += 1
             first = step if first is None else first
             largest = max(largest, float(np.abs(a - b)[unequal].max()))
     return {"prefill_probe_steps": steps, "prefill_probe_steps_differed": differed,
-            "prefill_probe_first_diff_step": first, "prefill_probe_max_abs_diff": largest}
+            "prefill_probe_first_diff_step": first, "prefill_probe_max_abs_diff": largest,
+            "prefill_probe_kl_mean": float(np.mean(kl)) if kl else None,
+            "prefill_probe_kl_max": float(np.max(kl)) if kl else None}
+
+
+def step_kl(decode: np.ndarray, prefill: np.ndarray) -> float:
+    """KL(decode || prefill) of one step's two full distributions (softmax of each logit vector), in
+    nats: the exact figure that re-scoring from stored rows can only estimate (harness.rescore)."""
+    p = decode.astype(np.float64) - decode.max()
+    q = prefill.astype(np.float64) - prefill.max()
+    log_p = p - np.log(np.exp(p).sum())
+    log_q = q - np.log(np.exp(q).sum())
+    return max(float(np.sum(np.exp(log_p) * (log_p - log_q))), 0.0)
 
 
 class _Both:

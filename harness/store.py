@@ -25,10 +25,11 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: context_tokens, prefill_chunk and kv_cache_dtype axes, cached_tokens, context_tokens_used,
 #: logprobs_hash and the prefill_probe_* columns; 5 what ran (harness.enforced: device, backend,
 #: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend);
-#: 6 seed_check (the seed control's verdict); 7 run_key (what one run depends on: harness.reuse).
+#: 6 seed_check (the seed control's verdict); 7 run_key (what one run depends on: harness.reuse);
+#: 8 prefill_probe_kl_mean and prefill_probe_kl_max (exact KL of decode vs one prefill, per step).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -96,6 +97,8 @@ ROW_SCHEMA = pa.schema(
         ("prefill_probe_steps_differed", pa.int32()),
         ("prefill_probe_first_diff_step", pa.int32()),
         ("prefill_probe_max_abs_diff", pa.float64()),
+        ("prefill_probe_kl_mean", pa.float64()),
+        ("prefill_probe_kl_max", pa.float64()),
         # timing
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("prefill_s", pa.float64()),

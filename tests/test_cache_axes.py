@@ -275,6 +275,9 @@ def test_prefill_probe_compares_decode_with_one_prefill(cache_rows):
     # whether decoding and prefilling agree bit for bit is the hardware's business (README numbers)
     assert (ok.prefill_probe_max_abs_diff >= 0).all()
     assert ((ok.prefill_probe_steps_differed > 0) == ok.prefill_probe_first_diff_step.notna()).all()
+    # the exact per-step KL: zero where no logit moved, never negative, max >= mean
+    assert (ok[ok.prefill_probe_steps_differed == 0].prefill_probe_kl_max == 0).all()
+    assert (ok.prefill_probe_kl_max >= ok.prefill_probe_kl_mean).all() and (ok.prefill_probe_kl_mean >= 0).all()
 
 
 @needs_llama

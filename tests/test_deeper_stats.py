@@ -261,3 +261,26 @@ def test_plan_power_table_runs_needed_are_the_fewest_that_bound_the_rate(write):
     assert done.returncode == 0, done.stderr
     assert "power: 2 prompts x 5 repeats = 10 runs per compared setting" in done.stdout
     assert "below 26% pooled over runs, 78% with prompts as the unit" in done.stdout
+
+
+def test_step_kl_of_two_logit_vectors_equals_the_closed_form():
+    from harness.probes import step_kl
+
+    # softmax([0, 0]) = (1/2, 1/2), softmax([0, ln 3]) = (1/4, 3/4): KL = ln 2 / 2 + ln(2/3) / 2
+    got = step_kl(np.array([0.0, 0.0], np.float32), np.array([0.0, math.log(3)], np.float32))
+    assert got == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3), rel=1e-6)
+    assert step_kl(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0])) == 0.0
+
+
+def test_per_setting_counts_and_bounds_on_real_rows_equal_a_count_from_the_rows(probed_results):
+    pairs = _pairs(probed_results)
+    settings = Analysis(open_results(probed_results), {"seed": 1}).by_setting.set_index("seed")
+    for seed, runs in pairs.groupby("seed"):
+        got = settings.loc[seed]
+        diverged = int(runs.split.notna().sum())
+        assert (got.prompts, got.compared, got.diverged) == (runs.prompt_id.nunique(), len(runs), diverged)
+        if diverged == 0:  # the exact forms: runs, then prompts, as the independent trials
+            assert got.upper95_pooled == pytest.approx(1 - 0.05 ** (1 / len(runs)))
+            assert got.upper95_prompts == pytest.approx(1 - 0.05 ** (1 / runs.prompt_id.nunique()))
+        else:  # prompts as the unit never claim more than the pooled runs
+            assert got.upper95_prompts >= got.upper95_pooled >= diverged / len(runs)
