@@ -539,8 +539,8 @@ def rescore(
         with _stdout_to_stderr(fmt != "table"):
             written, refused = scoring.rescore(found, engine, dtype, log=lambda m: console.print(escape(m)),
                                                force=force)
-        for path in written:
-            console.print(f"wrote {escape(str(path))}")
+        if written:
+            console.print(f"wrote {len(written)} score file(s) under {escape(str(written[0].parent.parent))}")
         for why in refused:
             console.print(f"[yellow]not scored[/yellow]: {escape(why)}")
     frame = scoring.summary(found, threshold)
