@@ -39,7 +39,7 @@ def main() -> None:
                     pl.col("model_sha256").first(), pl.col("engine_info").first()).collect())
     else:
         sys.path.insert(0, str(ROOT))
-        from harness.store import Store
+        from harness.results.store import Store
 
         rows = Store(folder).read_rows(["cell_id", "prompt_id", "output_hash", "model_sha256", "engine_info"],
                                        provenance_as_categories=True)

@@ -99,7 +99,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from harness.engines.base import LoadSpec
     from harness.engines.llamacpp import LlamaCppEngine
-    from harness.prompts import compose_batch, load_prompt_set
+    from harness.experiment.prompts import compose_batch, load_prompt_set
 
     per_seq = 512
     prompts = load_prompt_set("prompts/default.yaml", ROOT, where="bench")

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.results import ResultsFolder  # noqa: E402
+from harness.results.folder import ResultsFolder  # noqa: E402
 
 
 def _row(cell_id: str) -> dict:

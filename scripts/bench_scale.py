@@ -38,11 +38,11 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.config import load_experiment  # noqa: E402
-from harness.matrix import expand  # noqa: E402
-from harness.results import ResultsFolder, fingerprint  # noqa: E402
-from harness.rows import output_hash  # noqa: E402
-from harness.store import LANDING_KEY  # noqa: E402
+from harness.experiment.config import load_experiment  # noqa: E402
+from harness.experiment.matrix import expand  # noqa: E402
+from harness.results.folder import ResultsFolder, fingerprint  # noqa: E402
+from harness.results.rows import output_hash  # noqa: E402
+from harness.results.store import LANDING_KEY  # noqa: E402
 
 PROMPTS = 5
 TOKENS = 64

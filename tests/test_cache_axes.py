@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import gate, metrics
-from harness.config import Expectation, load_experiment
-from harness.context import fit, shared_context, with_context
+from harness.analysis import gate, metrics
+from harness.experiment.config import Expectation, load_experiment
+from harness.experiment.context import fit, shared_context, with_context
 from harness.engines.base import Sampling
-from harness.errors import ConfigError
-from harness.matrix import expand, group
-from harness.results import open_results
+from harness.core.errors import ConfigError
+from harness.experiment.matrix import expand, group
+from harness.results.folder import open_results
 
 from .conftest import PROMPTS, needs_llama, run_experiment
 

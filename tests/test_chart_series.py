@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from harness.analysis import Analysis
-from harness.axes import AXES
+from harness.analysis.folder_analysis import Analysis
+from harness.experiment.axes import AXES
 from harness.report import html
-from harness.results import open_results
+from harness.results.folder import open_results
 
 from .conftest import row_for, run_harness, synthetic_folder
 

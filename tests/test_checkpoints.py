@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import load_experiment
+from harness.experiment.config import load_experiment
 from harness.engines.base import Sampling
-from harness.errors import ConfigError
-from harness.prompts import Prompt, PromptSet, plan_batches
-from harness.results import ResultsFolder
-from harness.store import Store
+from harness.core.errors import ConfigError
+from harness.experiment.prompts import Prompt, PromptSet, plan_batches
+from harness.results.folder import ResultsFolder
+from harness.results.store import Store
 
 from .conftest import PROMPTS, needs_llama, run_harness
 
@@ -95,7 +95,7 @@ def test_copies_refuse_settings_that_need_a_single_target(write):
 
 
 def test_copies_enter_the_cell_id_and_fillers_keep_old_ids(write):
-    from harness.matrix import expand
+    from harness.experiment.matrix import expand
 
     text = COPIES.replace("batch_fill: copies\n", "fillers: [x]\nbatch_fill: copies\n")
     copies = expand(load_experiment(write("a.yaml", text)))[0].id

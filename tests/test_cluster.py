@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import cluster, provenance
-from harness.config import load_experiment
-from harness.matrix import expand, group
-from harness.results import ResultsFolder
-from harness.runner import Runner
-from harness.selection import Selection, apply, parse_shard
-from harness.store import Store
+from harness.run import cluster
+from harness.results import provenance
+from harness.experiment.config import load_experiment
+from harness.experiment.matrix import expand, group
+from harness.results.folder import ResultsFolder
+from harness.run.runner import Runner
+from harness.experiment.selection import Selection, apply, parse_shard
+from harness.results.store import Store
 
 from .conftest import PROMPTS, run_harness, needs_llama
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from harness.compare import around_split
+from harness.analysis.compare import around_split
 
 from .conftest import row_for, synthetic_folder
 

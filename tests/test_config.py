@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import load_experiment
-from harness.errors import ConfigError
-from harness.matrix import expand, group
+from harness.experiment.config import load_experiment
+from harness.core.errors import ConfigError
+from harness.experiment.matrix import expand, group
 
 from .conftest import PROMPTS, run_harness
 

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import metrics, near_ties
-from harness.analysis import Analysis
-from harness.axes import LATER_AXES_DEFAULTS
-from harness.config import Expectation
-from harness.gate import evaluate
-from harness.results import open_results
+from harness.analysis import metrics, near_ties
+from harness.analysis.folder_analysis import Analysis
+from harness.experiment.axes import LATER_AXES_DEFAULTS
+from harness.experiment.config import Expectation
+from harness.analysis.gate import evaluate
+from harness.results.folder import open_results
 
 from .conftest import needs_llama, row_for, run_harness, synthetic_folder
 
@@ -173,7 +173,7 @@ def test_answer_agreement_uses_the_reference_run_the_tokens_use():
                                  "output_hash": a, "n_tokens": 3, "answer_parsed": a, "answer_expected": "2",
                                  "answer_correct": a == "2"}
                          for b, answers_ in plan.items() for r, a in enumerate(answers_)])
-    from harness.answer_metrics import answer_summary
+    from harness.analysis.answer_metrics import answer_summary
 
     first = answer_summary(rows, {"q"}, {"batch_size": 1}).set_index("batch_size")
     modal = answer_summary(rows, {"q"}, {"batch_size": 1}, reference_run="modal").set_index("batch_size")
@@ -246,7 +246,7 @@ def test_summarize_writes_the_new_tables_and_plot_draws_survival_and_margins(pro
 
 
 def test_plan_power_table_runs_needed_are_the_fewest_that_bound_the_rate(write):
-    from harness import power
+    from harness.analysis import power
 
     for target in power.TARGETS:
         n = power.trials_for(target)
@@ -264,7 +264,7 @@ def test_plan_power_table_runs_needed_are_the_fewest_that_bound_the_rate(write):
 
 
 def test_step_kl_of_two_logit_vectors_equals_the_closed_form():
-    from harness.probes import step_kl
+    from harness.run.probes import step_kl
 
     # softmax([0, 0]) = (1/2, 1/2), softmax([0, ln 3]) = (1/4, 3/4): KL = ln 2 / 2 + ln(2/3) / 2
     got = step_kl(np.array([0.0, 0.0], np.float32), np.array([0.0, math.log(3)], np.float32))

@@ -82,7 +82,7 @@ def test_a_recipe_parses_and_its_experiment_loads(page, line):
     import typer
 
     from harness.cli import app
-    from harness.config import load_experiment
+    from harness.experiment.config import load_experiment
 
     args = _recipe_args(line)
     command = typer.main.get_command(app)

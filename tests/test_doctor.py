@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import doctor
+from harness.engines import llamacpp, vllm
+from harness.engines.parts.child_probe import probe_in_child
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
 
@@ -31,15 +32,15 @@ def _no_gpu_env(tmp_path: Path) -> dict[str, str]:
 
 def test_backends_are_read_from_llama_cpp_system_info():
     cuda = "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | PEER_MAX_BATCH_SIZE = 128 | CPU : SSE3 = 1 | AVX2 = 1 | "
-    assert doctor.backends(cuda) == ["CUDA", "CPU"]
-    assert doctor.backends("CPU : SSE3 = 1 | AVX = 1 | OPENMP = 1 | ") == ["CPU"]
+    assert llamacpp.backends(cuda) == ["CUDA", "CPU"]
+    assert llamacpp.backends("CPU : SSE3 = 1 | AVX = 1 | OPENMP = 1 | ") == ["CPU"]
 
 
 def test_batch_invariant_rules():
-    assert "CUDA GPU" in doctor.batch_invariant_reason({"cuda": False, "device_type": "cpu"}, None)
-    assert "has 7.5" in doctor.batch_invariant_reason({"cuda": True, "compute_capability": "7.5"}, None)
-    assert doctor.batch_invariant_reason({"cuda": True, "compute_capability": "9.0"}, "FLASH_ATTN") is None
-    assert "FLASHINFER is not supported" in doctor.batch_invariant_reason(
+    assert "CUDA GPU" in vllm.batch_invariant_reason({"cuda": False, "device_type": "cpu"}, None)
+    assert "has 7.5" in vllm.batch_invariant_reason({"cuda": True, "compute_capability": "7.5"}, None)
+    assert vllm.batch_invariant_reason({"cuda": True, "compute_capability": "9.0"}, "FLASH_ATTN") is None
+    assert "FLASHINFER is not supported" in vllm.batch_invariant_reason(
         {"cuda": True, "compute_capability": "8.0"}, "FLASHINFER")
 
 
@@ -120,5 +121,5 @@ def test_real_vllm_probe_says_batch_invariant_mode_cannot_run_on_this_cpu(tmp_pa
     ('raise SystemExit("engine crashed on import")', "engine crashed on import"),
 ])
 def test_a_probe_that_answers_badly_is_a_finding_not_a_traceback(printed, says):
-    answer = doctor._probe(printed, timeout_s=30)
+    answer = probe_in_child(printed, timeout_s=30)
     assert answer == ({"version": "1"} if says is None else {"error": says}), answer

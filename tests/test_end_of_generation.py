@@ -10,8 +10,8 @@ import importlib.util
 
 import pytest
 
-from harness.engines.end_of_generation import gguf_end_ids, without_end
-from harness.store import Store
+from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
+from harness.results.store import Store
 
 from .conftest import needs_llama, run_experiment
 
@@ -64,7 +64,7 @@ def test_every_engine_ends_its_runs_alike(tmp_path):
     store: Store = run_experiment(tmp_path, ENGINES.format(engines=", ".join(engines), binary=binary))
     rows = store.read_rows()
     assert set(rows.engine) == set(engines) and (rows.status == "ok").all(), rows[["engine", "status", "error"]]
-    from harness import models
+    from harness.models import catalog as models
 
     end = gguf_end_ids(models.resolve_gguf("smollm2-135m"))
     assert end, "the shipped model's vocabulary marks its end-of-generation tokens"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import load_experiment
-from harness.context import padded
-from harness.errors import ConfigError
-from harness.matrix import expand
+from harness.experiment.config import load_experiment
+from harness.experiment.context import padded
+from harness.core.errors import ConfigError
+from harness.experiment.matrix import expand
 
 from .conftest import PROMPTS, needs_llama, run_experiment
 
@@ -27,7 +27,7 @@ matrix:
 
 @pytest.fixture(scope="module")
 def engine():
-    from harness.engines import engine_class
+    from harness.engines.registry import engine_class
     from harness.engines.base import LoadSpec
 
     spec = LoadSpec(engine="llamacpp", model="smollm2-135m", dtype="auto", gpu="cpu", batch_invariant=False,

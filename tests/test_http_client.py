@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from harness.server_process import post_concurrently
+from harness.engines.parts.server_process import post_concurrently
 
 
 def _serve(handle: Callable[[dict], tuple[int, dict]]):
@@ -61,7 +61,7 @@ def test_every_request_is_in_flight_at_once(n):
 
 
 def test_requests_that_do_not_overlap_are_seen_as_such():
-    from harness.server_process import Concurrent
+    from harness.engines.parts.server_process import Concurrent
 
     apart = Concurrent([{}, {}], [(0.0, 1.0), (2.0, 3.0)], 3.0)
     together = Concurrent([{}, {}], [(0.0, 2.5), (0.1, 3.0)], 3.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import metrics
+from harness.analysis import metrics
 from harness.engines.base import Unsupported
 from harness.engines.llama_server import find_binary
 

@@ -14,10 +14,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from harness import metrics
-from harness.config import load_experiment
-from harness.matrix import expand
-from harness.store import ROW_SCHEMA, Store
+from harness.analysis import metrics
+from harness.experiment.config import load_experiment
+from harness.experiment.matrix import expand
+from harness.results.store import ROW_SCHEMA, Store
 
 from .conftest import PROMPTS, needs_llama, run_experiment
 

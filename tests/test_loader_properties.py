@@ -8,9 +8,9 @@ import string
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from harness.config import load_experiment
-from harness.errors import HarnessError
-from harness.prompts import load_prompt_set
+from harness.experiment.config import load_experiment
+from harness.core.errors import HarnessError
+from harness.experiment.prompts import load_prompt_set
 
 from .conftest import PROMPTS
 

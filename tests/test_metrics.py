@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from harness import metrics
-from harness.axes import AXES, LATER_AXES_DEFAULTS
-from harness.errors import HarnessError
-from harness.rows import output_hash
+from harness.analysis import metrics
+from harness.experiment.axes import AXES, LATER_AXES_DEFAULTS
+from harness.core.errors import HarnessError
+from harness.results.rows import output_hash
 
 
 @pytest.mark.parametrize(
@@ -146,7 +146,7 @@ def test_rows_of_an_older_schema_read_back_with_new_columns_empty(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from harness.store import ROW_SCHEMA, Store
+    from harness.results.store import ROW_SCHEMA, Store
 
     store = Store(tmp_path)
     store.write_cell("new", [{"cell_id": "new", "prompt_id": "p", "status": "ok", "token_texts": ["a"]}])
@@ -165,7 +165,7 @@ def test_rows_from_before_the_cache_axes_read_back_at_their_defaults(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from harness.store import ROW_SCHEMA, Store
+    from harness.results.store import ROW_SCHEMA, Store
 
     store = Store(tmp_path)
     store.write_cell("new", [{"cell_id": "new", "status": "ok", "prefix_cache": "warm", "context_tokens": 9,

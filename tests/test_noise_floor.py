@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.noise_floor import permutation_p
-from harness.rescore import read_scores
-from harness.results import open_results
+from harness.analysis.noise_floor import permutation_p
+from harness.analysis.rescore import read_scores
+from harness.results.folder import open_results
 
 from .conftest import needs_llama, run_experiment, run_harness
 

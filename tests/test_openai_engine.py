@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from harness.config import load_experiment
-from harness.errors import ConfigError
-from harness.results import ResultsFolder
-from harness.runner import Runner
-from harness.store import Store
+from harness.experiment.config import load_experiment
+from harness.core.errors import ConfigError
+from harness.results.folder import ResultsFolder
+from harness.run.runner import Runner
+from harness.results.store import Store
 
 from .conftest import PROMPTS, needs_llama, run_harness
 from .test_llama_server import _have_server
@@ -82,7 +82,7 @@ def test_credentials_reach_the_server_and_no_stored_file(write, tmp_path, monkey
     the key-protected server turns healthy (the key goes with every request) and no file of the results
     folders, their logs or their reports holds any of them."""
     from harness.engines.llama_server import find_binary
-    from harness.server_process import free_port
+    from harness.engines.parts.server_process import free_port
 
     key, password, token = "sk-harness-test-KEY-1234", "pw-harness-test-5678", "hf_harness_test_TOKEN_9012"
     monkeypatch.setenv("HARNESS_TEST_KEY", key)

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from harness.probes import Comparer, Trace, low_margin_fraction
-from harness.store import Store
+from harness.run.probes import Comparer, Trace, low_margin_fraction
+from harness.results.store import Store
 
 from .conftest import needs_llama, run_harness
 

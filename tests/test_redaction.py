@@ -1,12 +1,12 @@
-"""Credentials are found by rule and written as <redacted> (harness.redaction)."""
+"""Credentials are found by rule and written as <redacted> (harness.core.redaction)."""
 
 from __future__ import annotations
 
-from harness import provenance
-from harness.config import load_experiment
-from harness.matrix import expand
-from harness.redaction import REDACTED, redact, secret_name
-from harness.results import ResultsFolder
+from harness.results import provenance
+from harness.experiment.config import load_experiment
+from harness.experiment.matrix import expand
+from harness.core.redaction import REDACTED, redact, secret_name
+from harness.results.folder import ResultsFolder
 
 from .conftest import PROMPTS
 

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import metrics
-from harness.store import Store
+from harness.analysis import metrics
+from harness.results.store import Store
 
 from .conftest import needs_browser, needs_llama, row_for, run_harness, synthetic_folder
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import gpu_names, provenance
-from harness.config import load_experiment
-from harness.errors import HarnessError
-from harness.matrix import expand
-from harness.results import ResultsFolder, open_results
-from harness.store import Store
+from harness.core import gpu_names
+from harness.results import provenance
+from harness.experiment.config import load_experiment
+from harness.core.errors import HarnessError
+from harness.experiment.matrix import expand
+from harness.results.folder import ResultsFolder, open_results
+from harness.results.store import Store
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama, row_for, run_harness, synthetic_folder
 
@@ -399,7 +400,7 @@ def test_worker_ends_when_its_parent_is_killed(write, tmp_path):
     deadline = time.monotonic() + 120
     workers: list[int] = []
     while time.monotonic() < deadline and not workers:
-        workers = [c for c in _children(proc.pid) if "harness.worker" in Path(f"/proc/{c}/cmdline").read_text()]
+        workers = [c for c in _children(proc.pid) if "harness.run.worker" in Path(f"/proc/{c}/cmdline").read_text()]
         time.sleep(0.2)
     assert workers, "no worker process appeared"
     while time.monotonic() < deadline and _cpu_seconds(workers[0]) < 3:
@@ -537,8 +538,8 @@ def test_readers_give_the_values_a_plain_read_gives(tmp_path):
 
 
 def test_every_declared_provenance_field_is_a_row_column_and_every_role_is_used():
-    from harness import provenance_fields
-    from harness.store import ROW_SCHEMA
+    from harness.results import provenance_fields
+    from harness.results.store import ROW_SCHEMA
 
     assert set(provenance_fields.NAMES) <= set(ROW_SCHEMA.names)
     # the machine label reads its columns by position: host, GPU uuid, driver, CUDA

@@ -1,4 +1,4 @@
-"""Identity at the level that changes (harness.reuse): an edit of an experiment reruns only the runs it
+"""Identity at the level that changes (harness.run.reuse): an edit of an experiment reruns only the runs it
 changes. Real llama.cpp runs; generations are counted by the run id a row carries."""
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ matrix:
 def _run(root: Path, prompts: dict, repeats: int = 2) -> tuple[str, pd.DataFrame]:
     """Write the prompts and the experiment, run it for real into root/out: the run's id and the
     current experiment's rows."""
-    from harness.config import load_experiment
-    from harness.results import ResultsFolder, open_results
-    from harness.runner import Runner
+    from harness.experiment.config import load_experiment
+    from harness.results.folder import ResultsFolder, open_results
+    from harness.run.runner import Runner
 
     (root / "prompts.yaml").write_text(yaml.safe_dump(prompts))
     (root / "exp.yaml").write_text(EXPERIMENT.format(repeats=repeats))
@@ -114,7 +114,7 @@ def test_parse_rules_and_answers_are_read_again_and_more_repeats_run_only_the_ne
 
 
 def test_runs_of_another_machine_are_not_reused(tmp_path):
-    from harness.store import Store
+    from harness.results.store import Store
 
     _run(tmp_path, PROMPTS)
     store = Store(tmp_path / "out")

@@ -1,4 +1,4 @@
-"""Seeds that take effect: the seed control before sampled cells (harness.seed_control)."""
+"""Seeds that take effect: the seed control before sampled cells (harness.run.seed_control)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import seed_control
-from harness.config import load_experiment
+from harness.run import seed_control
+from harness.experiment.config import load_experiment
 from harness.engines.base import BatchOutput, Sampling, SequenceOutput
-from harness.errors import ConfigError
-from harness.results import ResultsFolder
-from harness.runner import Runner
-from harness.server_process import free_port
-from harness.store import Store
+from harness.core.errors import ConfigError
+from harness.results.folder import ResultsFolder
+from harness.run.runner import Runner
+from harness.engines.parts.server_process import free_port
+from harness.results.store import Store
 
 from .conftest import PROMPTS, needs_llama
 from .test_llama_server import _have_server

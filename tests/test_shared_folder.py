@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import load_experiment
-from harness.errors import HarnessError
-from harness.folder_lock import exclusive
-from harness.results import ResultsFolder, landing_rule
-from harness.matrix import expand
-from harness.runner import Runner
+from harness.experiment.config import load_experiment
+from harness.core.errors import HarnessError
+from harness.results.folder_lock import exclusive
+from harness.results.folder import ResultsFolder, landing_rule
+from harness.experiment.matrix import expand
+from harness.run.runner import Runner
 
 from .conftest import PROMPTS, needs_llama
 
@@ -192,8 +192,8 @@ def test_the_gate_fails_on_cells_that_never_ran_or_were_skipped(tmp_path):
 
 
 def test_an_experiments_rule_on_an_option_it_does_not_sweep_is_refused_at_load(write):
-    from harness.config import load_experiment
-    from harness.errors import ConfigError
+    from harness.experiment.config import load_experiment
+    from harness.core.errors import ConfigError
 
     write("p.yaml", PROMPTS)
     path = write("exp.yaml", "name: x\nprompts: p.yaml\nmatrix:\n  model: [m]\nexpect:\n"
@@ -230,8 +230,8 @@ def test_submitted_jobs_ask_for_a_gpu_and_a_dry_run_writes_nothing(write, tmp_pa
 
 
 def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
-    from harness import metrics
-    from harness.results import open_results
+    from harness.analysis import metrics
+    from harness.results.folder import open_results
 
     from .conftest import row_for, run_harness, synthetic_folder
 

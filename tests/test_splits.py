@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from harness.splits import END, Output, split_tree, splits
+from harness.analysis.splits import END, Output, split_tree, splits
 
 
 def _out(tokens, runs):

@@ -71,7 +71,7 @@ def test_the_report_shows_html_comments_and_script_tags_as_text(tmp_path, browse
 
 def test_loading_lines_name_what_tells_the_loads_apart():
     from harness.engines.base import LoadSpec
-    from harness.matrix import load_label
+    from harness.experiment.matrix import load_label
 
     def spec(**over):
         base = dict(engine="llamacpp", model="smollm2-135m", dtype="auto", gpu="any", batch_invariant=False,

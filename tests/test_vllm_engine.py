@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from harness import metrics
+from harness.analysis import metrics
 
 from .conftest import needs_llama, run_experiment, run_harness
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from harness import enforced
-from harness.store import Store
+from harness.run import enforced
+from harness.results.store import Store
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
 
@@ -58,7 +58,7 @@ def test_columns_name_the_gpu_used_or_the_cpu(monkeypatch):
 
 
 def test_llama_offload_is_read_from_llamas_own_load_log():
-    from harness.engines.llama_offload import gpu_layers, offload_state
+    from harness.engines.parts.llama_offload import gpu_layers, offload_state
 
     assert (gpu_layers("cpu", -1), gpu_layers("A100", None), gpu_layers("any", None), gpu_layers("A100", 12)) == (0, -1, -1, 12)
     cuda = "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | AVX = 1 |"

@@ -1,26 +1,8 @@
-"""Engine registry: a name maps to a module that defines `ENGINE`; imported only when used."""
+"""Engines: the one small interface every inference engine implements (`base`), the registry that
+finds them (`registry`), and one module per engine. A new engine is one new file: a module here, or
+in any installed package named under the `harness.engines` entry-point group, that defines
+`ENGINE = SomeEngine`. Everything the rest of the harness needs to know of an engine (its options,
+which axes it honours, ignores or refuses, what doctor probes, how to install it) is on that class.
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from harness.engines.base import Engine, EngineOptions
-
-_MODULES = {
-    "llamacpp": "harness.engines.llamacpp",
-    "vllm": "harness.engines.vllm",
-    "llama-server": "harness.engines.llama_server",
-    "openai": "harness.engines.openai",
-}
-ENGINE_NAMES: tuple[str, ...] = tuple(_MODULES)
-
-
-def engine_class(name: str) -> type[Engine]:
-    """The engine class; the module must not import its heavy library at import time."""
-    return importlib.import_module(_MODULES[name]).ENGINE
-
-
-def options_model(name: str) -> type[EngineOptions]:
-    return engine_class(name).Options
+May import: `harness.core`, `harness.models`. Never the experiment, results or anything above.
+"""

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.core.log import Log
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -17,6 +19,42 @@ class EngineOptions(BaseModel):
     """Base for per-engine options: unknown keys are errors, never silently ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Honour:
+    """The engine applies this axis's values (it may still refuse some values in `refusal`)."""
+
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """The engine would run a non-default value without applying it: such cells are refused when the
+    experiment loads, since they would differ from the others only in their label."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The engine cannot apply a non-default value: such cells land `unsupported`, saying why."""
+
+    why: str
+
+
+AxisSupport = Honour | Ignore | Refuse
+HONOUR = Honour()
+
+
+@dataclass
+class Finding:
+    """One fact doctor reports, and whether it is a problem for what was asked (None: information)."""
+
+    what: str
+    detail: str
+    ok: bool | None = None
+    fix: str = ""
 
 
 class Unsupported(Exception):
@@ -107,7 +145,6 @@ def template_sha256(template: str | bytes | None) -> str:
 #: the target prompt served just before, so its KV is reused
 CACHE_MODES = ("off", "cold", "warm")
 
-Log = Callable[[str], None]
 #: called once per step of the target generation: (step, logit vector, chosen token); entries an
 #: engine does not expose are NaN
 StepObserver = Callable[[int, "np.ndarray", int], None]
@@ -116,14 +153,22 @@ StepObserver = Callable[[int, "np.ndarray", int], None]
 class Engine(ABC):
     """An inference engine held open for one group of cells.
 
-    A new engine is one new module defining a subclass and `ENGINE = Subclass`.
+    A new engine is one new module defining a subclass and `ENGINE = Subclass` (see
+    harness.engines.registry). Besides loading and generating, the class says what the rest of the
+    harness must know before any load: its options, what it does with every axis, what doctor
+    probes and how to install it.
     """
 
     name: ClassVar[str]
     Options: ClassVar[type[EngineOptions]]
+    #: every matrix axis by name: Honour, Ignore(why) or Refuse(why) of its non-default values. An
+    #: axis the engine does not name refuses the engine's cells that set it (tests require all named)
+    axes: ClassVar[dict[str, AxisSupport]] = {}
+    #: how to get this engine, shown by doctor when it is missing
+    install: ClassVar[str] = ""
     #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
     logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
-    #: why `score` (harness.rescore) cannot run on this engine; None where it can
+    #: why `score` (harness.analysis.rescore) cannot run on this engine; None where it can
     score_unavailable: ClassVar[str | None] = ("re-scoring needs the log-probability of every given token from "
                                                "one prefill, which this engine does not hand out here "
                                                "(llamacpp and vllm do)")
@@ -139,6 +184,25 @@ class Engine(ABC):
         applies it, or refuses it in `refusal`). Such a setting is refused when the experiment loads:
         its cells would differ from the others only in their label."""
         return None
+
+    @classmethod
+    def probe(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Facts about this engine on this machine, for doctor (versions, GPU support), found without
+        risking the caller: a library that may crash is probed in a child process. {'error': why}
+        when it cannot run here."""
+        return {}
+
+    @classmethod
+    def probe_summary(cls, facts: dict[str, Any]) -> str:
+        """The probe's facts in one line."""
+        return ", ".join(f"{k} {v}" for k, v in facts.items()) or "nothing to probe"
+
+    @classmethod
+    def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
+              wants_gpu: bool) -> list[Finding]:
+        """What doctor finds missing (ok=False) or worth saying for an experiment's `cells` of this
+        engine, given its probe's facts; `wants_gpu`: some cell of the experiment may use a GPU."""
+        return []
 
     @classmethod
     def environment(cls, spec: LoadSpec) -> dict[str, str]:
@@ -175,7 +239,7 @@ class Engine(ABC):
 
     def score(self, prompt: str, tokens: list[int]) -> list[float]:
         """The log-probability of each of `tokens` after `prompt` (templated as `generate` templates
-        it) and the tokens before it, from one prefill, alone, without a cache (harness.rescore).
+        it) and the tokens before it, from one prefill, alone, without a cache (harness.analysis.rescore).
         Default: refused with `score_unavailable`."""
         raise Unsupported(f"{self.name}: {self.score_unavailable}")
 
@@ -197,7 +261,7 @@ class Engine(ABC):
 
     def in_force(self) -> dict[str, Any]:
         """What this load really runs with, as the engine itself reports it (keys of
-        harness.enforced.IN_FORCE; a key left out is unknown). A cell whose settings it
+        harness.run.enforced.IN_FORCE; a key left out is unknown). A cell whose settings it
         contradicts fails. Default: nothing known."""
         return {}
 

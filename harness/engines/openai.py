@@ -15,11 +15,13 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from harness import models
-from harness.engines.base import BatchOutput, Engine, EngineOptions, LoadSpec, Log, Sampling, SequenceOutput, Unsupported
-from harness.engines.end_of_generation import gguf_end_ids, without_end
-from harness.redaction import redact_url
-from harness.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
+from harness.models import catalog as models
+from harness.engines.base import (
+    HONOUR, BatchOutput, Engine, EngineOptions, LoadSpec, Log, Refuse, Sampling, SequenceOutput, Unsupported,
+)
+from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
+from harness.core.redaction import redact_url
+from harness.engines.parts.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
 
 class OpenAIOptions(EngineOptions):
@@ -46,22 +48,34 @@ class OpenAIEngine(Engine):
     name = "openai"
     Options = OpenAIOptions
     logit_probe_unavailable = "the OpenAI API returns at most 20 top log-probabilities per step, not the logit vector"
+    axes = {
+        "model": HONOUR,
+        "engine": HONOUR,
+        "dtype": Refuse("the openai engine cannot choose a dtype; the server's is used (set dtype: auto)"),
+        "gpu": HONOUR,
+        "batch_invariant": Refuse("the openai engine cannot switch a server's batch-invariant mode; launch the server with it and say so in 'model'"),
+        "batch_size": HONOUR,
+        "seed": HONOUR,
+        "temperature": HONOUR,
+        "top_p": HONOUR,
+        "top_k": HONOUR,
+        "prefix_cache": Refuse("the OpenAI-compatible API has no per-request prefix-cache control (cold / warm); the server's own setting applies: use prefix_cache: off and say how the server was started"),
+        "context_tokens": HONOUR,
+        "prefill_chunk": Refuse("the openai engine cannot set prefill_chunk per request; start the server with it and keep prefill_chunk: auto"),
+        "kv_cache_dtype": Refuse("the openai engine cannot set kv_cache_dtype per request; start the server with it and keep kv_cache_dtype: auto"),
+        "filler_tokens": HONOUR,
+    }
+    install = "nothing to install: it talks to a running OpenAI-compatible server"
+
+    @classmethod
+    def probe_summary(cls, facts: dict[str, Any]) -> str:
+        return "talks to a running OpenAI-compatible server; nothing to install"
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
-        if spec.batch_invariant:
-            return "the openai engine cannot switch a server's batch-invariant mode; launch the server with it and say so in 'model'"
-        if spec.dtype != "auto":
-            return "the openai engine cannot choose a dtype; the server's is used (set dtype: auto)"
         if spec.gpu == "cpu":
             return ("the openai engine cannot tell or choose where a server computes; start it on the CPU "
                     "yourself and use gpu: any (or a GPU type, to route the cell to such a node)")
-        for axis in ("prefill_chunk", "kv_cache_dtype"):
-            if getattr(spec, axis) != "auto":
-                return f"the openai engine cannot set {axis} per request; start the server with it and keep {axis}: auto"
-        if spec.prefix_caching:
-            return ("the OpenAI-compatible API has no per-request prefix-cache control (cold / warm); the "
-                    "server's own setting applies: use prefix_cache: off and say how the server was started")
         return None
 
     @classmethod

@@ -11,8 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness import metrics
-from harness.axes import describe
+from harness.experiment.varying import varying
+from harness.analysis import metrics
+from harness.analysis.folder_analysis import Analysis
+from harness.experiment.axes import describe
 
 #: the x axis of the agreement charts; every other setting that varies names a series
 X_AXIS = "batch_size"
@@ -29,11 +31,11 @@ class Charts:
     varying: list[str]  # the axes that vary in these results (they name the series)
     #: answer_metrics.answer_summary, with a series label (empty without prompts that carry answers)
     answers: pd.DataFrame = field(default_factory=pd.DataFrame)
-    #: harness.splits records with a series label and each split's depth (see `add_splits`)
+    #: harness.analysis.splits records with a series label and each split's depth (see `add_splits`)
     splits: pd.DataFrame = field(default_factory=pd.DataFrame)
-    #: harness.survival curves: series, batch_size, tokens, at_risk, departed, censored, identical, low, high
+    #: harness.analysis.survival curves: series, batch_size, tokens, at_risk, departed, censored, identical, low, high
     survival: pd.DataFrame = field(default_factory=pd.DataFrame)
-    #: harness.near_ties per margin bucket: series, batch_size, bucket, margin_low, margin_high, steps, flips, flip_rate
+    #: harness.analysis.near_ties per margin bucket: series, batch_size, bucket, margin_low, margin_high, steps, flips, flip_rate
     flips_by_margin: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
@@ -53,7 +55,7 @@ def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
 def varying_axes(rows: pd.DataFrame) -> list[str]:
     """Every setting that varies in these rows except the x axis: the axes, max_tokens and swept engine
     options (metrics.keys_of), so a chart never pools two settings into one series."""
-    return [a for a in metrics.keys_of(rows, drop=[X_AXIS]) if a in rows and rows[a].nunique(dropna=False) > 1]
+    return varying(rows, metrics.keys_of(rows, drop=[X_AXIS]))
 
 
 def _labelled(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
@@ -71,9 +73,8 @@ def step_value(values: Any, k: int) -> float | None:
     return None if math.isnan(value) else value
 
 
-def compute(analysis: Any) -> Charts:
-    """The charts of one harness.analysis.Analysis (not imported: it imports this module): its report rows, their pairing with the reference, and its
-    answer, slowdown, survival and near-tie statistics. Margins are read for the departing runs
+def compute(analysis: Analysis) -> Charts:
+    """The charts of one analysis: its report rows, their pairing with the reference, and its answer, slowdown, survival and near-tie statistics. Margins are read for the departing runs
     and their references only."""
     rows, annotated = analysis.report_rows, analysis.paired
     margins_for = analysis.results.margins_for
@@ -134,11 +135,11 @@ def _series_first(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
 
 
 def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) -> Charts:
-    """The split trees of these rows (harness.splits), labelled like the other charts' series.
+    """The split trees of these rows (harness.analysis.splits), labelled like the other charts' series.
 
     `depth` is 0 for a cell's first split, 1 for a split inside one of its branches, and so on.
     """
-    from harness.splits import splits
+    from harness.analysis.splits import splits
 
     tree = splits(rows, tokens_for, texts_for, metrics.keys_of(rows))
     if tree.empty:
@@ -152,3 +153,11 @@ def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) 
     tree.insert(tree.columns.get_loc("node"), "depth", levels)
     ch.splits = tree
     return ch
+
+
+def of_analysis(analysis: Analysis) -> Charts:
+    """The data of every chart (report and `harness plot`), splits included."""
+    r = analysis.results
+    data = compute(analysis)
+    add_splits(data, analysis.report_rows, r.tokens_for, r.texts_for)
+    return data

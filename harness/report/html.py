@@ -18,14 +18,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import metrics, provenance_fields
-from harness.analysis import Analysis
-from harness.config import AXES
-from harness.probes import PROBE_COLUMNS
+from harness.experiment.varying import varying
+from harness.analysis import metrics
+from harness.results import provenance_fields
+from harness.analysis.folder_analysis import Analysis
+from harness.experiment.config import AXES
+from harness.run.probes import PROBE_COLUMNS
 from harness.report import charts as charts_mod
-from harness.results import Results
+from harness.results.folder import Results
 
-#: the folder's context shown in the page's header (harness.provenance_fields)
+#: the folder's context shown in the page's header (harness.results.provenance_fields)
 PROVENANCE = provenance_fields.CONTEXT
 
 
@@ -177,7 +179,7 @@ def _prompt_texts(results: Results) -> dict[str, str]:
 
 def build(analysis: Analysis) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
-    store, rows, annotated, chart = analysis.results, analysis.report_rows, analysis.paired, analysis.charts
+    store, rows, annotated, chart = analysis.results, analysis.report_rows, analysis.paired, charts_mod.of_analysis(analysis)
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
 
     runs = _run_entries(annotated, rows[rows["status"] != "ok"], margins)
@@ -196,7 +198,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
             "provenance": {c: _distinct(rows[c]) for c in PROVENANCE},
             "cells": int(rows["cell_id"].nunique()),
         },
-        "filters": [a for a in metrics.keys_of(rows) if rows[a].nunique() > 1] or ["engine"],
+        "filters": varying(rows, metrics.keys_of(rows)) or ["engine"],
         "prompts": _prompt_texts(store),
         "outputs": _outputs(annotated, store),
         "runs": runs,
@@ -241,3 +243,13 @@ def write(analysis: Analysis, out: Path) -> dict[str, Any]:
     tmp.write_text(render(payload), encoding="utf-8")
     tmp.replace(out)
     return payload
+
+
+def summary_line(payload: dict[str, Any], target: Path) -> str:
+    """What a written report holds, in one line: runs (entries aggregate runs that show the same
+    thing, so runs are counted, not entries), cells, and how many departed from the reference."""
+    meta = payload["meta"]
+    runs = sum(entry["count"] for entry in payload["runs"])
+    departed = sum(record["runs"] for record in payload["charts"]["divergence"])
+    return (f"{target}: {runs} runs in {meta['cells']} cells, {departed} departed from the reference "
+            f"({meta['reference']}); {target.stat().st_size / 1024:,.0f} KiB")

@@ -10,12 +10,13 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from harness.axes import SHORT as AXIS_SHORT
+from harness.experiment.varying import varying
+from harness.experiment.axes import SHORT as AXIS_SHORT
 from harness.report.plain import PlainTable
 
-from harness.metrics import keys_of
+from harness.analysis.metrics import keys_of
 
-#: column names shortened in tables (the axes' own short names, harness.axes)
+#: column names shortened in tables (the axes' own short names, harness.experiment.axes)
 SHORT = {**AXIS_SHORT, "prompt_id": "prompt"}
 
 
@@ -44,7 +45,7 @@ def _fmt(value: object, kind: str = "") -> str:
 
 
 def _varying(summary: pd.DataFrame) -> list[str]:
-    return [c for c in keys_of(summary) if c in summary and summary[c].astype(str).nunique() > 1]
+    return varying(summary, keys_of(summary))
 
 
 def machine_lines(summary: pd.DataFrame, most: int = 5) -> list[str]:
@@ -71,9 +72,9 @@ def _setting_label(axes: list[str], key: Any) -> str:
 def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -> list[str]:
     """One line per setting, over its prompts: how many runs matched the reference, the divergence
     rate's bound with prompts as the unit (and pooled over runs, labelled), how far runs agree
-    before they split, and how often a close call flipped. `settings`: harness.by_setting.agreement
+    before they split, and how often a close call flipped. `settings`: harness.analysis.by_setting.agreement
     of the summary (computed here when not given: without survival and near-tie figures)."""
-    from harness.by_setting import agreement
+    from harness.analysis.by_setting import agreement
 
     varying = _varying(summary) or ["engine"]
     settings = agreement(summary) if settings is None else settings
@@ -162,13 +163,13 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
 
 
 def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
-    varying = [c for c in keys_of(cost, drop=["batch_invariant"]) if c in cost and cost[c].astype(str).nunique() > 1]
-    table = PlainTable(title=title, caption=legend(varying) or None)
-    for col in varying + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
+    shown = varying(cost, keys_of(cost, drop=["batch_invariant"]))
+    table = PlainTable(title=title, caption=legend(shown) or None)
+    for col in shown + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
         table.add_column(SHORT.get(col, col), justify="right")
     for rec in cost.to_dict("records"):
         table.add_row(
-            *[_fmt(rec[c]) for c in varying],
+            *[_fmt(rec[c]) for c in shown],
             _fmt(rec["pairs"], "int"),
             _fmt(rec["tokens_per_s_off"], "f1"),
             _fmt(rec["tokens_per_s_on"], "f1"),
@@ -180,11 +181,11 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
 
 def _per_setting(frame: pd.DataFrame, title: str, headers: list[str]) -> tuple[Table, list[str]]:
     """A table with one row per setting: the axes that vary in `frame`, then `headers`."""
-    varying = [c for c in keys_of(frame) if c in frame and frame[c].astype(str).nunique() > 1] or ["engine"]
-    table = PlainTable(title=title, caption=legend(varying) or None)
-    for col in varying + headers:
+    shown = varying(frame, keys_of(frame)) or ["engine"]
+    table = PlainTable(title=title, caption=legend(shown) or None)
+    for col in shown + headers:
         table.add_column(SHORT.get(col, col), justify="right")
-    return table, varying
+    return table, shown
 
 
 def probe_table(probes: pd.DataFrame, title: str) -> Table:

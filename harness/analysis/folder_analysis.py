@@ -1,0 +1,189 @@
+"""One analysis of a results folder: its rows read against one reference under one mixing rule, and
+every figure a command shows, each computed once, when first asked for.
+
+`run`'s summary, `summarize`, `check`, `report` and `plot` all read a folder through an `Analysis`,
+so that they agree on what a reference, a pairing and a statistic are. Reading never writes into
+the folder; `save` does, when asked (`summarize --save`, and `run` after a run).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from harness.analysis import answer_metrics, by_setting, metrics, near_ties, survival
+from harness.core.errors import UsageError
+from harness.experiment.config import option_axis
+from harness.results import provenance_fields
+from harness.run.probes import PROBE_COLUMNS
+from harness.results.folder import Results
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+#: the row columns the statistics need (token lists and texts are read per distinct output, not per run)
+SUMMARY_COLUMNS = list(dict.fromkeys(metrics.ROW_COLUMNS + answer_metrics.ANSWER_ROW_COLUMNS))
+#: the row columns the report and the charts need besides: run ids, the folder's context, probes
+REPORT_COLUMNS = list(dict.fromkeys(SUMMARY_COLUMNS + ["run_id", "max_tokens", "experiment"]
+                                    + list(provenance_fields.CONTEXT) + list(PROBE_COLUMNS)))
+
+
+class Analysis:
+    """A results folder read against `reference` (default: batch size 1) under `allow_mixed`, the
+    reference cell's run of each prompt chosen by `reference_run` (metrics.REFERENCE_RUNS)."""
+
+    def __init__(self, results: Results, reference: dict[str, Any] | None = None,
+                 allow_mixed: Iterable[str] = frozenset(), reference_run: str = "first",
+                 near_tie: float = near_ties.NEAR_TIE) -> None:
+        metrics.refuse_reference_run(reference_run)
+        self.results = results
+        self.reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
+        self.allow_mixed = frozenset(allow_mixed)
+        self.reference_run = reference_run
+        #: the top-2 margin below which a step is a near tie (harness.analysis.near_ties)
+        self.near_tie = near_tie
+
+    @classmethod
+    def parsed(cls, results: Results, reference: list[str], allow_mixed: list[str],
+               reference_run: str = "first", near_tie: float = near_ties.NEAR_TIE) -> Analysis:
+        """From command-line values: `--reference AXIS=VALUE ...`, `--allow-mixed FIELD ...`,
+        `--reference-run first|modal` and `--near-tie EPS` (bad values are a UsageError naming what
+        is allowed)."""
+        return cls(results, metrics.parse_reference(reference or []), metrics.parse_allow_mixed(allow_mixed),
+                   reference_run, near_tie)
+
+    # -- rows ----------------------------------------------------------------------------------
+
+    @cached_property
+    def rows(self) -> pd.DataFrame:
+        """The rows the statistics read (provenance as categoricals); the report's rows where those
+        are in memory already (they hold these columns and more): a folder is read once."""
+        if "report_rows" in self.__dict__:
+            return self.report_rows
+        return self.results.read_rows(columns=SUMMARY_COLUMNS, provenance_as_categories=True)
+
+    @cached_property
+    def report_rows(self) -> pd.DataFrame:
+        """The rows the report and the charts read."""
+        return self.results.read_rows(REPORT_COLUMNS, provenance_as_categories=True)
+
+    # -- statistics ----------------------------------------------------------------------------
+
+    @cached_property
+    def compared(self) -> pd.DataFrame:
+        """The ok rows, each with its reference run and where it departs from it (metrics.against_reference)."""
+        r = self.results
+        return metrics.against_reference(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+                                         self.reference_run)
+
+    @cached_property
+    def summary(self) -> pd.DataFrame:
+        """Per cell and prompt: runs, unique outputs, match rate, first divergence, bounds."""
+        r = self.results
+        return metrics.summarize(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+                                 self.reference_run, compared=self.compared)
+
+    @cached_property
+    def survival(self) -> pd.DataFrame:
+        """Per setting, the share of runs still identical to the reference after t tokens (harness.analysis.survival)."""
+        return survival.curves(self.compared)
+
+    @cached_property
+    def _tie_counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return near_ties.count(self.compared, self.results.margins_for, self.near_tie)
+
+    @property
+    def near_ties(self) -> pd.DataFrame:
+        """Per setting: near-tie density and flips per near tie (harness.analysis.near_ties)."""
+        return self._tie_counts[0]
+
+    @property
+    def flips_by_margin(self) -> pd.DataFrame:
+        """Per setting and margin bucket: the chance per step that a run departs (harness.analysis.near_ties)."""
+        return self._tie_counts[1]
+
+    @cached_property
+    def by_setting(self) -> pd.DataFrame:
+        """Per setting: compared runs, divergence rate with both bounds, survival median, near ties."""
+        return by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties)
+
+    @cached_property
+    def slowdown(self) -> pd.DataFrame:
+        """The batch-invariant mode's cost over paired runs."""
+        return metrics.slowdown(self.rows, self.allow_mixed)
+
+    @cached_property
+    def probes(self) -> pd.DataFrame:
+        return metrics.probe_summary(self.rows)
+
+    @cached_property
+    def answers(self) -> pd.DataFrame:
+        return answer_metrics.answer_summary(self.rows, self.results.answer_prompts(), self.reference,
+                                             reference_run=self.reference_run)
+
+    @cached_property
+    def paired(self) -> pd.DataFrame:
+        """The ok report rows, each with its reference run and where it departs from it (the
+        statistics' own pairing, once the report's rows are the rows)."""
+        rows = self.report_rows  # read first, so that `rows` is these rows and `compared` pairs them
+        if self.rows is rows:
+            return self.compared
+        r = self.results  # the statistics read their own rows before: pair the report's as well
+        return metrics.against_reference(rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+                                         self.reference_run)
+
+    def missing(self) -> pd.DataFrame | None:
+        """The current experiments' cells that have no file yet (their settings and id), or None."""
+        import pandas as pd
+
+        from harness.experiment.matrix import expand
+
+        on_disk = set(self.results.cell_ids)
+        missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for e in self.results.experiments for c in expand(e)
+                                if c.id not in on_disk])
+        return None if missing.empty else missing.drop_duplicates("cell_id", ignore_index=True)
+
+    # -- writing, only when asked --------------------------------------------------------------
+
+    def table(self, name: str) -> pd.DataFrame:
+        """One of TABLES by its name."""
+        return getattr(self, TABLES[name][0])
+
+    def save(self, out: Path | None = None) -> None:
+        """Write the TABLES as Parquet into the folder (those marked always even when empty; the
+        others where there are any), each renamed into place whole."""
+        from harness.results.store import Store
+
+        root = Path(out or self.results.root)
+        store = Store(root)
+        for name, (_, stem, always) in TABLES.items():
+            frame = self.table(name)
+            if always or not frame.empty:
+                store.atomic_write(root / f"{stem}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
+
+
+#: the tables of an analysis, by the name `summarize --what` takes: (attribute, file stem in the
+#: results folder, written even when empty)
+TABLES: dict[str, tuple[str, str, bool]] = {
+    "cells": ("summary", "summary", True),
+    "settings": ("by_setting", "settings", True),
+    "slowdown": ("slowdown", "slowdown", True),
+    "probes": ("probes", "probes", False),
+    "answers": ("answers", "answers", False),
+    "survival": ("survival", "survival", False),
+    "flips_by_margin": ("flips_by_margin", "flips_by_margin", False),
+}
+
+
+def refuse_reference(reference: list[str], reference_run: str, swept_options: Iterable[str]) -> None:
+    """Before a run: a `--reference` or `--reference-run` that the summary after it could not use is
+    refused now, before an engine loads, not after the GPU hours. An unswept engine option as the
+    reference would make every cell its own reference."""
+    metrics.refuse_reference_run(reference_run)
+    swept = list(swept_options)
+    unswept = [a for a in metrics.parse_reference(reference) if option_axis(a) and a not in swept]
+    if unswept:
+        raise UsageError(f"--reference {unswept[0]}: the experiment does not sweep {unswept[0]}; swept engine "
+                         f"options: {', '.join(swept) or 'none'}")

@@ -1,0 +1,211 @@
+"""`harness check`: the experiment's `expect:` rules against its results, as a CI verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+import pandas as pd
+
+from harness.analysis.metrics import keys_of
+from harness.core.errors import HarnessError
+from harness.experiment.varying import varying
+from harness.experiment.config import CONDITIONS, Expectation
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    passed: bool
+    detail: str
+
+
+def _where(frame: pd.DataFrame, where: dict[str, Any]) -> pd.DataFrame:
+    """The records a rule's `where` selects; a key the records lack selects none of them."""
+    mask = pd.Series(True, index=frame.index)
+    for key, value in where.items():
+        mask &= (frame[key] == value) if key in frame else False
+    return frame[mask]
+
+
+def _label(index: int, rule: Expectation) -> str:
+    conds = [f"{k}={getattr(rule, k)}" for k in CONDITIONS if getattr(rule, k) is not None]
+    where = ",".join(f"{k}={v}" for k, v in rule.where.items()) or "all cells"
+    return rule.name or f"#{index + 1} {' '.join(conds)} where {where}"
+
+
+def _listed(problems: list[str]) -> str:
+    return "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+
+
+def _judge_answers(rule: Expectation, answers: pd.DataFrame) -> tuple[list[str], dict[str, int]]:
+    """Answer rules, on the per-setting answer statistics the rule's `where` selects."""
+    problems: list[str] = []
+    judged: dict[str, int] = {}
+    if answers.empty:
+        return problems, judged
+    chosen = _where(answers, rule.where)
+    if rule.accuracy_drop_max is not None:
+        paired = chosen[chosen["accuracy_diff"].notna()]
+        judged["accuracy_drop_max"] = len(paired)
+        for r in paired[-paired["accuracy_diff"] > rule.accuracy_drop_max].itertuples():
+            problems.append(f"batch {r.batch_size} {r.dtype}: accuracy {100 * r.accuracy_diff:+.1f} points against "
+                            f"{r.reference} (95% CI {100 * r.diff_low:+.1f} to {100 * r.diff_high:+.1f})")
+    if rule.answer_agreement_min is not None:
+        agreed = chosen[chosen["answer_agreement"].notna()]
+        judged["answer_agreement_min"] = len(agreed)
+        for r in agreed[agreed["answer_agreement"] < rule.answer_agreement_min].itertuples():
+            problems.append(f"batch {r.batch_size} {r.dtype}: {100 * r.answer_agreement:.1f}% of answers equal "
+                            f"the reference's")
+    return problems, judged
+
+
+def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[list[str], dict[str, int]]:
+    """(problems, how many records each condition of the rule judged) for the records it selects."""
+    problems: list[str] = []
+    judged: dict[str, int] = {}
+    ran = cells[cells["runs"] > 0]
+    compared = cells[cells["compared"].fillna(0) > 0]
+    if rule.status is not None:
+        judged["status"] = len(cells)
+        bad = cells[cells["status"] != rule.status]
+        problems += [f"{r.prompt_id}@{r.cell_id}: status {r.status}" for r in bad.itertuples()]
+    if rule.unique_outputs is not None:
+        judged["unique_outputs"] = len(ran)
+        bad = ran[ran["unique_outputs"] > rule.unique_outputs]
+        problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.unique_outputs)} unique outputs" for r in bad.itertuples()]
+    if rule.match_rate_min is not None:
+        judged["match_rate_min"] = len(compared)
+        bad = compared[~(compared["match_rate"] >= rule.match_rate_min)]
+        problems += [f"{r.prompt_id}@{r.cell_id}: match rate {r.match_rate:.3f}" for r in bad.itertuples()]
+    if rule.divergence_rate_max is not None:
+        judged["divergence_rate_max"] = len(compared)
+        rate = compared["diverged"] / compared["compared"]
+        bad = compared[~(rate <= rule.divergence_rate_max)]
+        problems += [f"{r.prompt_id}@{r.cell_id}: {int(r.diverged)}/{int(r.compared)} diverged" for r in bad.itertuples()]
+    if rule.divergence_bound_max is not None:
+        from harness.analysis.by_setting import agreement
+
+        per_setting = agreement(compared)
+        judged["divergence_bound_max"] = len(per_setting)
+        column = f"upper95_{rule.bound}"
+        for r in per_setting.to_dict("records"):
+            if not r[column] <= rule.divergence_bound_max:  # NaN (one prompt, with divergences) fails too
+                setting = ", ".join(f"{k}={r[k]}" for k in _varying_keys(per_setting))
+                why = (f"95% upper bound {100 * r[column]:.1f}%" if r[column] == r[column]
+                       else "no bound with prompts as the unit from one prompt")
+                problems.append(f"{setting or 'all cells'}: {r['diverged']}/{r['compared']} diverged over "
+                                f"{r['prompts']} prompt(s); {why} ({rule.bound}) > {100 * rule.divergence_bound_max:g}%")
+    if rule.divergence_rate_min is not None:
+        # The negative control: with the mode off a difference must be found, or the test tests
+        # nothing. Pooled over the selection (a control need not split every prompt), and never
+        # passed by zero divergences.
+        judged["divergence_rate_min"] = len(compared)
+        diverged, total = int(compared["diverged"].sum()), int(compared["compared"].sum())
+        if total and (diverged == 0 or diverged / total < rule.divergence_rate_min):
+            problems.append(f"negative control: {diverged}/{total} compared runs diverged "
+                            f"(wants at least {rule.divergence_rate_min:g} and at least one)")
+    if rule.logprobs_identical_min is not None:
+        lp = cells[cells["logprobs_compared"].fillna(0) > 0] if "logprobs_compared" in cells else cells.iloc[0:0]
+        judged["logprobs_identical_min"] = len(lp)
+        bad = lp[~(lp["logprobs_identical"] >= rule.logprobs_identical_min)]
+        problems += [f"{r.prompt_id}@{r.cell_id}: {r.logprobs_identical:.3f} of runs with bitwise-equal "
+                     f"log-probabilities" for r in bad.itertuples()]
+    if rule.slowdown_max is not None:
+        where = {k: v for k, v in rule.where.items() if k != "batch_invariant"}
+        pairs = _where(cost, where)
+        judged["slowdown_max"] = len(pairs)
+        for r in pairs[pairs["throughput_ratio"] > rule.slowdown_max].itertuples():
+            problems.append(f"batch {r.batch_size}: slowdown {r.throughput_ratio:.2f}x")
+    return problems, judged
+
+
+def _varying_keys(frame: pd.DataFrame) -> list[str]:
+    """The setting columns that tell a frame's records apart."""
+    return varying(frame, keys_of(frame))
+
+
+def _not_run(rule: Expectation, cells: pd.DataFrame, missing: pd.DataFrame) -> list[str]:
+    """The selection's cells that never ran (no file: a task that never started) or were skipped."""
+    if rule.allow_missing:
+        return []
+    out = []
+    absent = _where(missing, rule.where) if not missing.empty else missing
+    if not absent.empty:
+        ids = list(absent["cell_id"])
+        out.append(f"{len(ids)} selected cell(s) never ran (missing: {_listed(ids)}); run them, or set "
+                   "allow_missing: true")
+    counted = "n_skipped" in cells and rule.status != "skipped"
+    skipped = cells[cells["n_skipped"].fillna(0) > 0] if counted else cells.iloc[0:0]
+    if not skipped.empty:
+        ids = list(dict.fromkeys(skipped["cell_id"]))
+        out.append(f"{len(ids)} selected cell(s) were skipped ({_listed(ids)}: {str(skipped['error'].iloc[0])[:120]}); "
+                   "run them where they can run, or set allow_missing: true")
+    return out
+
+
+def evaluate(
+    rules: list[Expectation], summary: pd.DataFrame, cost: pd.DataFrame, answers: pd.DataFrame | None = None,
+    missing: pd.DataFrame | None = None,
+) -> list[Verdict]:
+    """One verdict per rule. A rule fails when it matches nothing, when one of its conditions judges
+    nothing (no compared runs, no paired timings), when a cell it selects never ran, was skipped
+    (unless allow_missing) or has failed runs (unless allow_failed). `missing` lists the experiment's
+    cells with no results (cell_id and setting columns)."""
+    missing = pd.DataFrame(columns=["cell_id"]) if missing is None else missing
+    verdicts = []
+    for index, rule in enumerate(rules):
+        label = _label(index, rule)
+        cells = _where(summary, rule.where)
+        if cells.empty and _where(missing, rule.where).empty:
+            verdicts.append(Verdict(label, False, "matches no cell: no results match 'where'"))
+            continue
+        problems, judged = _judge(rule, cells, cost) if not cells.empty else ([], {})
+        more, counted = _judge_answers(rule, answers if answers is not None else pd.DataFrame())
+        problems = problems + more
+        judged |= counted
+        failed = int(cells["n_failed"].sum()) if not cells.empty else 0
+        if failed and not rule.allow_failed and rule.status != "failed":
+            first = cells[cells["n_failed"] > 0].iloc[0]
+            problems.insert(0, f"{failed} selected run(s) failed (e.g. {first.prompt_id}@{first.cell_id}: "
+                               f"{str(first.error)[:120]}); rerun them, or set allow_failed: true")
+        problems[:0] = _not_run(rule, cells, missing)
+        asked = [k for k in CONDITIONS if getattr(rule, k) is not None]
+        idle = [k for k in asked if not judged.get(k)]
+        if idle:
+            problems.insert(0, f"judged nothing for {', '.join(idle)}: no compared runs (or paired timings, or "
+                               "answers) in its selection")
+        total = sum(judged.values())
+        verdicts.append(Verdict(label, not problems, _listed(problems) or f"{total} record(s) judged"))
+    return verdicts
+
+
+def junit(verdicts: list[Verdict], suite: str) -> str:
+    failures = sum(not v.passed for v in verdicts)
+    cases = []
+    for v in verdicts:
+        body = "" if v.passed else f"<failure message={quoteattr(v.detail)}>{escape(v.detail)}</failure>"
+        cases.append(f'  <testcase classname={quoteattr(suite)} name={quoteattr(v.rule)}>{body}</testcase>')
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuite name={quoteattr(suite)} tests="{len(verdicts)}" failures="{failures}">\n'
+        + "\n".join(cases) + "\n</testsuite>\n"
+    )
+
+
+def write_junit(path: Path, verdicts: list[Verdict], suite: str) -> None:
+    """The verdicts as a JUnit XML file (CI systems show each rule as a test case)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(junit(verdicts, suite))
+
+
+def check_folder(analysis: Any, rules: list[Expectation] | None = None) -> list[Verdict]:
+    """The verdicts of `rules` (default: the folder's experiments' own `expect:`) on one analysis of a
+    folder; the experiment's cells with no results count as missing."""
+    if rules is None:
+        rules = [r for e in analysis.results.experiments for r in e.experiment.expect]
+        if not rules:
+            raise HarnessError(f"{analysis.results.root}: the experiment has no 'expect:' rules; give --expect FILE")
+    return evaluate(rules, analysis.summary, analysis.slowdown, analysis.answers, analysis.missing())

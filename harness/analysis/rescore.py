@@ -1,0 +1,210 @@
+"""Re-scoring: each ok run's prompt + output prefilled in one pass by a scoring engine, and the
+log-probability it gives every generated token stored beside the one the run had at decode time.
+
+This is the train/inference mismatch RL teams measure (a sampler's log-probabilities against a
+trainer's re-scoring pass), and, with the run's own engine and model as the scorer, the decode
+vs prefill question: does the arithmetic of one long prefill give each token the probability the
+step-by-step decode gave it? The scorer runs alone (batch 1) with no prefix cache; by default it
+is the run's own engine, model and dtype, and `--engine` / `--dtype` score under another.
+
+Per run, with d_i the decode-time and s_i the scoring log-probability of token i and
+delta_i = s_i - d_i:
+
+    mean_abs_delta   mean of |delta_i|
+    max_abs_delta    max of |delta_i|
+    k3_kl            mean of exp(delta_i) - 1 - delta_i: the k3 estimate of KL(decode || score)
+                     (unbiased when the tokens were sampled from the decode distribution; at
+                     greedy decoding they were not, and it is a divergence score, not a KL)
+    share_above      share of tokens with |delta_i| > threshold (an importance-sampling clamp)
+
+Scores land in RESULTS/rescored/<scorer id>/<cell id>.parquet, each written whole (atomic rename),
+keyed by the run (cell, prompt, repeat) and its output hash; a run whose output changed is never
+matched with a stale score. A cell already scored by the same scorer is not scored again (unless
+forced), so `rescore` resumes like `run`. Cells with a shared context (context_tokens > 0) are not rescored: the context text
+is not stored with the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.experiment.matrix import digest, expand
+from harness.results.folder import Results
+
+FOLDER = "rescored"
+#: the |delta| beyond which a token counts in share_above (nats; 0.18 is a 1.2x ratio, a common clamp)
+THRESHOLD = 0.18
+SCHEMA = pa.schema([
+    ("cell_id", pa.string()), ("prompt_id", pa.string()), ("repeat", pa.int64()), ("output_hash", pa.string()),
+    ("score_logprobs", pa.list_(pa.float32())), ("scorer", pa.string()), ("scorer_id", pa.string()),
+])
+RUN_COLUMNS = ["runs", "tokens", "mean_abs_delta", "max_abs_delta", "k3_kl", "share_above"]
+
+
+def scorer_spec(spec: Any, engine: str | None = None, dtype: str | None = None) -> Any:
+    """The load a run is scored under: its own, alone and without a prefix cache, unless overridden."""
+    return replace(spec, engine=engine or spec.engine, dtype=dtype or spec.dtype, prefix_caching=False,
+                   options=spec.options if (engine or spec.engine) == spec.engine else {})
+
+
+class Scorer:
+    """One loaded scoring engine; a (prompt, output) pair is scored once, however many runs share it.
+    Use it as a context manager: the engine loads on entry and is closed on exit."""
+
+    def __init__(self, spec: Any, base: Path | None, log: Callable[[str], None]) -> None:
+        from harness.engines.registry import engine_class
+
+        self.spec, self.base, self.log = spec, base, log
+        self.cls = engine_class(spec.engine)
+        self.label = f"{spec.engine} / {spec.model} dtype={spec.dtype}"
+        self.engine: Any = None
+        self.description = ""
+        self._done: dict[tuple[str, str], list[float]] = {}
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this engine cannot score, known before a load (None: it may)."""
+        return None if self.cls.score_unavailable is None else f"{self.label}: {self.cls.score_unavailable}"
+
+    def __enter__(self) -> Scorer:
+        os.environ.update(self.cls.environment(self.spec))  # before the engine's library is imported
+        self.engine = self.cls(self.spec, self.log, self.base)
+        facts = self.engine.describe()
+        self.description = json.dumps({"engine": self.spec.engine, "model": self.spec.model, "dtype": self.spec.dtype,
+                                       **{k: v for k, v in facts.items() if k in ("engine_version", "model_sha256")}},
+                                      sort_keys=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.close()
+
+    def __call__(self, text: str, output_hash: str, tokens: list[int]) -> list[float]:
+        key = (text, output_hash)
+        if key not in self._done:
+            self._done[key] = self.engine.score(text, list(tokens))
+        return self._done[key]
+
+
+def scorable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
+    """The folder's ok runs that can be scored (a shared context is not stored: those are left out, said)."""
+    rows = results.read_rows(columns=["cell_id", "prompt_id", "repeat", "status", "output_hash", "context_tokens"])
+    ok = rows[rows["status"] == "ok"]
+    shared = ok["context_tokens"].fillna(0) > 0
+    if shared.any():
+        log(f"{int(shared.sum())} run(s) with a shared context (context_tokens > 0) left out: the context is not stored")
+    return ok[~shared]
+
+
+def rescore(results: Results, engine: str | None = None, dtype: str | None = None,
+            log: Callable[[str], None] = print, cell_ids: set[str] | None = None,
+            force: bool = False) -> tuple[list[Path], list[str]]:
+    """Score the ok runs of the folder's current cells (or of `cell_ids`); a cell already scored by
+    the same scorer is skipped unless `force`. Returns (the files written, one per scorer and cell;
+    the scorers that refused, each with its reason). A refusal leaves the others to run."""
+    from harness.engines.base import Unsupported
+    from harness.results.store import Store
+
+    ok = scorable(results, log)
+    cells = {c.id: (c, loaded) for loaded in results.experiments for c in expand(loaded)}
+    by_scorer: dict[str, tuple[Any, Any, list[str]]] = {}
+    for cell_id in ok["cell_id"].unique():
+        if cell_id in cells and (cell_ids is None or cell_id in cell_ids):
+            cell, loaded = cells[cell_id]
+            spec = scorer_spec(cell.load_spec(), engine, dtype)
+            key = digest({"spec": repr(spec)}, 12)
+            if force or not _path(results.root, key, cell_id).exists():
+                by_scorer.setdefault(key, (spec, loaded, []))[2].append(cell_id)
+    written, refused = [], []
+    for key, (spec, loaded, chosen) in by_scorer.items():
+        runs = ok[ok["cell_id"].isin(chosen)]
+        tokens = results.tokens_for(set(runs["output_hash"]))
+        texts = {p.id: p.text for p in loaded.prompt_set.prompts}
+        scorer = Scorer(spec, loaded.base_dir, log)
+        if scorer.refusal:
+            refused.append(scorer.refusal)
+            continue
+        log(f"scoring {len(runs)} run(s) of {len(chosen)} cell(s) with {scorer.label}")
+        try:
+            with scorer:
+                records = [{"cell_id": r.cell_id, "prompt_id": r.prompt_id, "repeat": int(r.repeat),
+                            "output_hash": r.output_hash, "scorer_id": key,
+                            "score_logprobs": scorer(texts[r.prompt_id], r.output_hash, tokens[r.output_hash])}
+                           for r in runs.itertuples(index=False)]
+        except Unsupported as exc:  # the engine's own rule, met at the first score
+            refused.append(f"{scorer.label}: {exc}")
+            continue
+        store = Store(results.root)
+        for cell_id in chosen:
+            table = pa.Table.from_pylist([r | {"scorer": scorer.description} for r in records
+                                          if r["cell_id"] == cell_id], schema=SCHEMA)
+            path = _path(results.root, key, cell_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store.atomic_write(path, lambda tmp, t=table: pq.write_table(t, tmp))
+            written.append(path)
+    return written, refused
+
+
+def _path(root: Path, scorer_id: str, cell_id: str) -> Path:
+    """One file per scorer and cell, like cells/: array tasks that score their own cells never
+    write the same file."""
+    return root / FOLDER / scorer_id / f"{cell_id}.parquet"
+
+
+def read_scores(root: Path) -> pd.DataFrame:
+    """Every stored score of a results folder (empty frame with SCHEMA's columns when none)."""
+    files = sorted((root / FOLDER).glob("*/*.parquet"))
+    if not files:
+        return pd.DataFrame(columns=SCHEMA.names)
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
+def deltas(decode: Any, score: Any) -> np.ndarray:
+    """score - decode per token, over the tokens both have (NaN steps dropped)."""
+    if decode is None or score is None:
+        return np.array([])
+    n = min(len(decode), len(score))
+    d = np.asarray(score[:n], dtype=np.float64) - np.asarray(decode[:n], dtype=np.float64)
+    return d[~np.isnan(d)]
+
+
+def run_stats(delta: np.ndarray, threshold: float = THRESHOLD) -> dict[str, float]:
+    """The per-run figures of the module docstring, from its deltas."""
+    if not len(delta):
+        return {"tokens": 0, "mean_abs_delta": np.nan, "max_abs_delta": np.nan, "k3_kl": np.nan,
+                "share_above": np.nan}
+    a = np.abs(delta)
+    return {"tokens": len(delta), "mean_abs_delta": float(a.mean()), "max_abs_delta": float(a.max()),
+            "k3_kl": float(np.mean(np.expm1(delta) - delta)), "share_above": float(np.mean(a > threshold))}
+
+
+def summary(results: Results, threshold: float = THRESHOLD) -> pd.DataFrame:
+    """Per scorer, cell and prompt: the module docstring's figures, pooled over the runs' tokens
+    (every token weighs the same), with the cell's settings."""
+    from harness.analysis.metrics import KEY_COLUMNS
+
+    keys = list(KEY_COLUMNS) + results.option_axes
+    scores = read_scores(results.root)
+    columns = ["scorer", "scorer_id", "cell_id", "prompt_id"] + keys + RUN_COLUMNS
+    if scores.empty:
+        return pd.DataFrame(columns=columns)
+    rows = results.read_rows(columns=keys + ["cell_id", "prompt_id", "repeat", "status", "output_hash"])
+    ok = rows[rows["status"] == "ok"]
+    matched = scores.merge(ok, on=["cell_id", "prompt_id", "repeat", "output_hash"], how="inner")
+    if matched.empty:
+        return pd.DataFrame(columns=columns)
+    matched["decode"] = results.folder.store.values_at("logprobs", matched).to_numpy()
+    records = []
+    for (sid, cell, prompt), part in matched.groupby(["scorer_id", "cell_id", "prompt_id"], sort=True):
+        pooled = np.concatenate([deltas(d, s) for d, s in zip(part["decode"], part["score_logprobs"])])
+        records.append({"scorer": part["scorer"].iloc[0], "scorer_id": sid, "cell_id": cell, "prompt_id": prompt,
+                        **part[keys].iloc[0].to_dict(), "runs": len(part), **run_stats(pooled, threshold)})
+    return pd.DataFrame(records, columns=columns)

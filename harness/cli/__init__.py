@@ -1,0 +1,52 @@
+"""The command line, one module per command group (as asv's `commands/`): `running` (plan, run,
+submit), `statistics` (summarize, rescore, compare, check), `figures` (report, plot), `folders`
+(status, merge) and `machine` (doctor, models); `common` holds the apps and shared options.
+
+Each command only parses its options, calls one function of the package and prints what comes
+back; statistics, file writes and loops over rows live below. May import the whole package.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+# imported in the order `harness --help` lists their commands: the pipeline's
+from harness.cli import running  # noqa: F401, I001 - registers plan, run, submit
+from harness.cli import statistics  # noqa: F401 - summarize, rescore, compare, check
+from harness.cli import figures  # noqa: F401 - report, plot
+from harness.cli import folders  # noqa: F401 - status, merge
+from harness.cli import machine  # noqa: F401 - doctor, models
+from harness.cli.common import app
+from harness.core.errors import HarnessError, describe_os_error
+
+
+def main(argv: Optional[list[str]] = None) -> Any:
+    """Entry point: user errors print one clear message and exit 1 (2 for bad input)."""
+    try:
+        code = app(args=argv, standalone_mode=False)  # without standalone mode, Exit(n) returns n
+        if isinstance(code, int) and code:
+            sys.exit(code)
+        return None
+    except HarnessError as exc:
+        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except OSError as exc:  # a file that cannot be written or read: its path and cause, not a traceback
+        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {escape(describe_os_error(exc))}",
+                                                    soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:
+        # Usage errors (missing argument, bad option). Newer typer releases carry their own copy
+        # of click, so the class is recognised by name rather than by click's import path.
+        if any(cls.__name__ == "ClickException" for cls in type(exc).__mro__):
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        raise

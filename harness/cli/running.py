@@ -1,0 +1,204 @@
+"""`plan`, `run` and `submit`: an experiment checked, run here, or sent to a cluster."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from harness.cli.common import REFERENCE_HELP, REFERENCE_RUN_HELP, command, console, open_analysis, open_folder
+from harness.core.errors import HarnessError, UsageError, describe_os_error
+
+
+@command()
+def plan(
+    experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+) -> None:
+    """Show the cells an experiment expands to and how they share engine loads; runs nothing.
+
+    Below the cells: what every cell has in common, how many generations a run makes, and a power
+    table (per divergence rate, the runs and prompts that bound it, and the plan's chance to see one).
+    """
+    from harness.experiment.config import load_experiment
+    from harness.experiment.matrix import expand, group, refuse_ignored
+    from harness.report.plan_view import plan_view
+
+    loaded = load_experiment(experiment)
+    cells = expand(loaded)
+    refuse_ignored(loaded, cells)
+    out = console()
+    for item in plan_view(loaded, cells, group(cells)):
+        out.print(item)
+
+
+def _experiment_or_folder(path: Path) -> Any:
+    """An experiment file, or a results folder whose manifest holds one (array tasks use this)."""
+    from harness.experiment.config import load_experiment
+    from harness.results.folder import ResultsFolder
+
+    if path.is_dir():
+        folder = ResultsFolder(path)
+        if not folder.has_manifest():
+            raise HarnessError(f"{path}: a folder without a results manifest; give an experiment YAML file")
+        return folder.experiment()
+    return load_experiment(path)
+
+
+@command()
+def run(
+    experiment: Path = typer.Argument(..., help="Experiment YAML file, or a results folder (runs the experiment it holds)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder (default: results/<name>)."),
+    force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
+    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the summary table at the end."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", help="Seconds one engine group may take; past it its unfinished cells are failed."
+    ),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run share I of N (0 <= I < N), e.g. 0/4; for array jobs."),
+    cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids, comma-separated (see 'harness plan')."),
+    where: list[str] = typer.Option([], "--where", help="Only cells with AXIS=VALUE (repeatable), e.g. --where gpu=A100."),
+    checkpoint_every: float = typer.Option(
+        10.0, "--checkpoint-every", min=0, help="Seconds between checkpoints of a running cell's finished batches "
+        "(a killed run resumes inside the cell from the last one); 0: after every batch."),
+) -> None:
+    """Run an experiment. Finished cells are kept on disk; the same command again resumes.
+
+    Inside a long cell, finished batches are checkpointed (under partial/), so a run killed
+    mid-cell (preempted, out of time) resumes from its last checkpoint, without losing or
+    doubling a batch.
+
+    Cells that are done (ok, or refused by the engine's rules) are skipped; failed ones and ones
+    skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
+    """
+    from harness.analysis.folder_analysis import refuse_reference
+    from harness.experiment.matrix import expand, group, refuse_ignored
+    from harness.experiment.selection import Selection, apply, parse_shard
+    from harness.experiment.settings_args import parse_settings
+    from harness.report.progress import RichReporter
+    from harness.results.folder import ResultsFolder
+    from harness.run.runner import Runner
+
+    loaded = _experiment_or_folder(experiment)
+    selection = Selection(
+        shard=parse_shard(shard) if shard else None,
+        cell_ids=frozenset(c.strip() for c in cells.split(",") if c.strip()) if cells else None,
+        where=parse_settings(where, "--where"),
+    )
+    # refused before the results folder is touched or an engine loads (not after the GPU hours)
+    refuse_reference(reference, reference_run, loaded.option_axes)
+    all_cells = expand(loaded)
+    refuse_ignored(loaded, all_cells)
+    apply(group(all_cells), selection)
+    out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
+    folder = ResultsFolder(out)
+    screen = console()
+    shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
+    screen.print(f"[bold]{loaded.experiment.name}[/bold] -> {shown}")
+    with RichReporter(screen) as reporter:
+        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every)
+        adoption = runner.adoption
+        if adoption.replaced:
+            reporter.log(
+                f"note: {out} held another version of experiment(s) {', '.join(adoption.replaced)}; "
+                f"{len(adoption.stale)} cell(s) on disk are now stale: kept, listed by 'harness status', left out of "
+                "statistics"
+            )
+        try:
+            result = runner.run(force=force, selection=selection)
+        except KeyboardInterrupt:
+            reporter.progress.stop()
+            screen.print(f"[yellow]interrupted[/yellow]: {len(folder.store.cell_files())} finished cell(s) are in "
+                         f"{shown}; run the same command again to resume")
+            raise typer.Exit(130) from None
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items()))
+    screen.print(f"ran {len(result.ran)} cell(s) ({counts + ' rows' if counts else 'nothing new'}); "
+                 f"{len(result.skipped_done)} already done")
+    if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
+        _summary_after_run(screen, out, loaded.experiment.name, reference, reference_run)
+    if loaded.experiment.rescore and result.ran:
+        _rescore_after_run(screen, out, set(result.ran))
+    if result.failed:
+        screen.print(f"[red]{len(result.failed)} cell(s) failed[/red]: their causes are in 'harness status {shown}'; "
+                     "the same command retries them (exit code 1)")
+        raise typer.Exit(1)
+    skipped = result.statuses.get("skipped", 0)
+    if skipped:
+        screen.print(f"no cell failed; {skipped} row(s) skipped: their GPU type is not on this machine, and they run "
+                     "where it is (exit code 0)")
+    else:
+        screen.print("every cell run is done (exit code 0)")
+
+
+def _summary_after_run(screen: Console, out: Path, title: str, reference: list[str], reference_run: str) -> None:
+    """The run's summary, printed and saved; one that cannot be made or saved is said, not fatal (the
+    run's exit code is the run's)."""
+    from harness.cli.statistics import print_summaries
+
+    shown = escape(str(out))
+    try:
+        analysis = open_analysis(out, reference, reference_run=reference_run)
+        print_summaries(screen, title, analysis)
+        analysis.save()
+        screen.print(f"rows: {shown}/cells/*.parquet   summary: {shown}/summary.parquet")
+    except (HarnessError, OSError) as exc:
+        why = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        screen.print(f"[yellow]no summary saved[/yellow]: {escape(why)}; the rows are in {shown}/cells "
+                     f"(harness summarize {shown} reads them)")
+
+
+def _rescore_after_run(screen: Console, out: Path, ran: set[str]) -> None:
+    """`rescore: true`: the cells this run ran, scored by their own setting (harness.analysis.rescore); a scorer
+    that cannot is said, and the run's exit code stays the run's."""
+    from harness.analysis import rescore as scoring
+
+    try:
+        written, refused = scoring.rescore(open_folder(out), log=lambda m: screen.print(escape(m)), cell_ids=ran)
+    except (HarnessError, OSError) as exc:
+        screen.print(f"[yellow]not rescored[/yellow]: {escape(str(exc))}; 'harness rescore {escape(str(out))}' "
+                     "tries again")
+        return
+    screen.print(f"rescored {len(written)} cell(s): harness rescore {escape(str(out))} --stats-only shows the figures")
+    for why in refused:
+        screen.print(f"[yellow]not scored[/yellow]: {escape(why)}")
+
+
+@command()
+def submit(
+    experiment: Path = typer.Argument(..., help="Experiment YAML file (its 'cluster:' section sets resources)."),
+    scheduler: str = typer.Option(..., "--scheduler", "-s", help="slurm or pbs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Shared results folder (default: results/<name>)."),
+    cells: Optional[str] = typer.Option(None, "--cells", help="Only these cell ids (e.g. to resubmit failed ones)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the job scripts; write and submit nothing."),
+) -> None:
+    """Submit the experiment as array jobs: one job per GPU type, one array task per shard.
+
+    The results folder keeps a snapshot of the experiment, and every array task runs that snapshot
+    (not the live file), so an edit after submitting cannot mix two versions in one folder.
+    """
+    from harness.experiment.config import load_experiment
+    from harness.experiment.matrix import expand, refuse_ignored
+    from harness.results.folder import ResultsFolder
+    from harness.run import cluster
+
+    loaded = load_experiment(experiment)
+    refuse_ignored(loaded, expand(loaded))
+    out = out or Path("results") / loaded.experiment.name
+    ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
+    screen = console()
+    if dry_run:
+        for job in cluster.render_jobs(loaded, out, scheduler, ids):
+            screen.print(f"[bold]{job.script}[/bold]  ({job.cells} cells, {job.shards} array tasks; not written)")
+            sys.stdout.write(job.text + "\n")
+        return
+    ResultsFolder(out).adopt(loaded)  # the array tasks run this snapshot, not the live file
+    jobs = cluster.write_jobs(loaded, out, scheduler, ids)
+    for job in cluster.submit(jobs, out):
+        screen.print(f"gpu={job.gpu}: job {job.job_id}, {job.shards} array task(s), {job.cells} cells ({job.script})")
+    screen.print(f"follow with: harness status {out}")

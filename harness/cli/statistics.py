@@ -1,0 +1,245 @@
+"""`summarize`, `rescore`, `compare` and `check`: the statistics of a folder, its re-scoring, two
+folders side by side, and the CI gate."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
+                                allowed, command, console, data_console, open_analysis, open_folder,
+                                stdout_to_stderr, write_frame)
+from harness.core.errors import HarnessError, UsageError
+from harness.report.plain import PlainTable
+
+
+def print_summaries(screen: Console, title: str, analysis: Any) -> None:
+    """The summary table, its verdict lines, and the cost, probe and answer tables where there are any."""
+    from harness.report.table import (answer_table, machine_lines, probe_table, slowdown_table, summary_table,
+                                      verdict_lines)
+
+    summary, cost, probes, answers = analysis.summary, analysis.slowdown, analysis.probes, analysis.answers
+    screen.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
+    for line in verdict_lines(summary, analysis.by_setting) + machine_lines(summary):
+        screen.print(line)
+    if not cost.empty:
+        screen.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))
+    if not probes.empty:
+        screen.print(probe_table(probes, "logit probes: against the same prompt decoded alone, while the prefix is shared"))
+    if not answers.empty:
+        screen.print(answer_table(answers, "answers: agreement over repeats, accuracy (bootstrap 95% CI over prompts), "
+                                           "change against the reference"))
+
+
+@command()
+def summarize(
+    results: Path = typer.Argument(..., help="Results folder written by 'harness run'."),
+    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
+    what: str = typer.Option(
+        "cells", "--what",
+        help="With json/csv: 'cells' (per cell and prompt), 'settings' (per setting: divergence rate and its "
+             "bounds, median tokens to divergence, near ties), 'slowdown' (batch-invariant cost), 'probes' (logit "
+             "probes), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
+             "after t tokens) or 'flips_by_margin' (departures per step by margin bucket). 'splits': where the "
+             "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
+    ),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    save: bool = typer.Option(False, "--save", help="Also write summary.parquet, settings.parquet, slowdown.parquet "
+                              "(and probes, answers, survival, flips_by_margin where there are any) into the "
+                              "results folder, as 'harness run' does."),
+) -> None:
+    """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence; and, where cells differ only in batch_invariant, what the mode costs.
+
+    Reads only: the folder may be read-only (unless --save).
+    """
+    from harness.analysis.folder_analysis import TABLES
+
+    allowed("--format", fmt, ("table", "json", "csv"))
+    allowed("--what", what, tuple(TABLES) + ("splits",))
+    if what == "splits":
+        _print_splits(results, fmt, all_cells)
+        return
+    analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie)
+    if save:
+        analysis.save()
+    if fmt in ("json", "csv"):
+        write_frame(analysis.table(what), fmt)
+    else:
+        print_summaries(console(), str(results), analysis)
+
+
+def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
+    from harness.analysis.splits import folder_splits
+    from harness.report.table import split_table
+
+    frame = folder_splits(open_folder(folder, all_cells))
+    if fmt in ("json", "csv"):
+        write_frame(frame, fmt)
+    elif frame.empty:
+        console().print("every cell and prompt gave one output: nothing splits")
+    else:
+        console().print(split_table(frame, f"{folder}: where the outputs split (branch 0 = most runs)"))
+
+
+@command()
+def rescore(
+    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Score with this engine instead of each run's own "
+                                         "(llamacpp or vllm; others refuse)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Score with the model in this dtype instead of the "
+                                        "run's (e.g. f32, to measure what a quantised decode departs from)."),
+    threshold: float = typer.Option(0.18, "--threshold", min=0, help="|delta logprob| in nats beyond which a "
+                                    "token counts in share_above (0.18: a probability ratio of 1.2)."),
+    stats_only: bool = typer.Option(False, "--stats-only", help="Show the figures of scores already stored; score nothing."),
+    force: bool = typer.Option(False, "--force", help="Score again cells this scorer has scored already."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per scorer, cell and prompt."),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+) -> None:
+    """Prefill each ok run's prompt + output in one pass, alone and without a cache, and compare the log-probability the scorer gives each generated token with the one decoding gave it: mean and max |delta|, the k3 KL estimate and the share of tokens beyond --threshold.
+
+    The scorer is the run's own engine, model and dtype unless --engine or --dtype says otherwise;
+    scores are stored in RESULTS/rescored/ (the rows are not touched), so the figures can be read
+    again with --stats-only.
+    """
+    from harness.analysis import rescore as scoring
+    from harness.experiment.settings_args import parse_settings
+
+    allowed("--format", fmt, ("table", "json", "csv"))
+    # bad values are refused before anything loads
+    parse_settings([f"{a}={v}" for a, v in (("engine", engine), ("dtype", dtype)) if v], "--engine/--dtype")
+    found = open_folder(results, all_cells)
+    screen = data_console(fmt)  # stdout holds the data
+    if not stats_only:
+        with stdout_to_stderr(fmt != "table"):
+            written, refused = scoring.rescore(found, engine, dtype, log=lambda m: screen.print(escape(m)), force=force)
+        if written:
+            screen.print(f"wrote {len(written)} score file(s) under {escape(str(written[0].parent.parent))}")
+        for why in refused:
+            screen.print(f"[yellow]not scored[/yellow]: {escape(why)}")
+    frame = scoring.summary(found, threshold)
+    if fmt in ("json", "csv"):
+        write_frame(frame, fmt)
+    elif frame.empty:
+        screen.print("no stored scores for these results (run 'harness rescore' without --stats-only)")
+    else:
+        from harness.report.table import rescore_table
+
+        screen.print(rescore_table(frame, threshold))
+
+
+@command()
+def compare(
+    a: Path = typer.Argument(..., help="First results folder (e.g. from an A100 node)."),
+    b: Path = typer.Argument(..., help="Second results folder (e.g. from an L40S node)."),
+    ignore: list[str] = typer.Option(["gpu"], "--ignore", help="Axes allowed to differ between A and B (repeatable)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv: one record per run)."),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    score: bool = typer.Option(False, "--score", help="Judge B against A's own noise: every run of both re-scored "
+                               "by A's setting (llamacpp, vllm), mean |delta logprob| of B's runs against A's "
+                               "repeats and batch sizes, with a permutation p-value (harness.analysis.noise_floor)."),
+    gate: bool = typer.Option(False, "--gate", help="With --score: exit 1 when B is beyond A's noise in any "
+                              "setting (an engine upgrade or a provider that must stay within it)."),
+) -> None:
+    """Per prompt and matching setting: same or different between two folders, and where they split.
+
+    Runs are paired on every axis except the ignored ones. Pairs made with another model file,
+    engine version, row schema or chat template are refused (a library upgrade would read as a
+    GPU difference) unless --allow-mixed names it. Everything else that differs between the
+    folders (host, GPU, driver, CUDA, library versions) is printed above the table.
+    """
+    from harness.analysis.compare import compare as run_compare
+    from harness.analysis.metrics import KEY_COLUMNS, parse_allow_mixed
+    from harness.experiment.config import option_axis
+
+    allowed("--format", fmt, ("table", "json", "csv"))
+    for axis in ignore:
+        if axis not in KEY_COLUMNS and option_axis(axis) is None:
+            raise UsageError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}, or ENGINE.OPTION")
+    if gate and not score:
+        raise UsageError("--gate judges the noise floor: give --score too")
+    if score:
+        _noise_floor(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore), fmt, gate)
+        return
+    result = run_compare(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore),
+                         parse_allow_mixed(allow_mixed))
+    if fmt in ("json", "csv"):
+        write_frame(result.runs, fmt)
+        return
+    from harness.report.compare_view import compare_view
+
+    screen = console()
+    for item in compare_view(result, str(a), str(b), tuple(ignore)):
+        screen.print(item)
+
+
+def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool) -> None:
+    """`compare --score`: one verdict per setting, as lines or records; exit 1 under --gate when one is beyond."""
+    from harness.analysis import noise_floor
+    from harness.report.compare_view import noise_floor_lines
+
+    screen = data_console(fmt)
+    with stdout_to_stderr(fmt != "table"):
+        frame = noise_floor.within_noise(a, b, ignore, log=lambda m: screen.print(escape(m)))
+    if fmt in ("json", "csv"):
+        write_frame(frame, fmt)
+    else:
+        for line in noise_floor_lines(frame):
+            screen.print(line)
+    if frame.empty:
+        raise HarnessError("no setting of B matches one of A: nothing was judged (see --ignore)")
+    if gate and not noise_floor.all_within(frame):
+        raise typer.Exit(1)
+
+
+@command()
+def check(
+    results: Path = typer.Argument(..., help="Results folder."),
+    expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list (default: the experiment's)."),
+    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
+    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
+    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
+    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json ({passed, verdicts: [{rule, passed, "
+                            "detail}]} on stdout; the exit code is the same)."),
+) -> None:
+    """Gate CI on determinism and cost: exit 0 when every expectation holds, 1 when one fails, 2 on bad rules.
+
+    A rule fails when it matches no cell, when one of its conditions judges nothing (no compared
+    runs, no paired timings), when a cell it selects never ran or was skipped (unless the rule says
+    allow_missing: true), or when a run it selects failed (unless it says allow_failed: true).
+    """
+    from harness.analysis import gate
+    from harness.experiment.config import load_expectations
+
+    allowed("--format", fmt, ("table", "json"))
+    rules = load_expectations(expect) if expect is not None else None
+    verdicts = gate.check_folder(open_analysis(results, reference, allow_mixed, all_cells, reference_run), rules)
+    passed = all(v.passed for v in verdicts)
+    if fmt == "json":
+        record = {"folder": str(results), "passed": passed,
+                  "verdicts": [{"rule": v.rule, "passed": v.passed, "detail": v.detail} for v in verdicts]}
+        sys.stdout.write(json.dumps(record, indent=1) + "\n")
+    else:
+        table = PlainTable(title=f"{results}: expectations")
+        for col in ("rule", "verdict", "detail"):
+            table.add_column(col)
+        for v in verdicts:
+            table.add_row(v.rule, Text("pass", style="green") if v.passed else Text("FAIL", style="red"), v.detail)
+        console().print(table)
+    if junit is not None:
+        gate.write_junit(junit, verdicts, f"harness-check {results.name}")
+    if not passed:
+        raise typer.Exit(1)

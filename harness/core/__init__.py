@@ -1,0 +1,3 @@
+"""The ground floor every other package stands on: the harness's error types, secret redaction,
+GPU name matching and the logging callable. Holds no pipeline stage and imports nothing of the
+harness."""

