@@ -18,6 +18,7 @@ from harness.experiment.config import option_axis
 from harness.results import provenance_fields
 from harness.run.probes import PROBE_COLUMNS
 from harness.results.folder import Results
+from harness.results.rows import auto_fallbacks
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -133,6 +134,12 @@ class Analysis:
         r = self.results  # the statistics read their own rows before: pair the report's as well
         return metrics.against_reference(rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
                                          self.reference_run)
+
+    @cached_property
+    def notes(self) -> list[str]:
+        """What the loads chose by themselves (llama.cpp's extra buffers off under auto), from the rows."""
+        rows = self.rows
+        return auto_fallbacks(rows["engine_info"].astype(str)) if "engine_info" in rows else []
 
     def missing(self) -> pd.DataFrame | None:
         """The current experiments' cells that have no file yet (their settings and id), or None."""

@@ -51,10 +51,12 @@ MACHINE_COLUMNS = provenance_fields.MACHINE
 #: what a compared axis changes by its nature (a dtype export is another model file, another GPU
 #: type is another machine, ...)
 IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
-    "model": frozenset({"model_sha256", "chat_template"}),
-    "dtype": frozenset({"model_sha256"}),
-    "engine": frozenset({"engine_version", "model_sha256", "chat_template"}),
-    "gpu": frozenset({"host"}),
+    "model": frozenset({"model_sha256", "chat_template", "cpu_kernels"}),
+    "dtype": frozenset({"model_sha256", "cpu_kernels"}),  # llama.cpp repacks some weight types, not others
+    "engine": frozenset({"engine_version", "model_sha256", "chat_template", "cpu_kernels"}),
+    "gpu": frozenset({"host", "cpu_kernels"}),
+    "llamacpp.extra_bufts": frozenset({"cpu_kernels"}),
+    "llama-server.extra_bufts": frozenset({"cpu_kernels"}),
 }
 #: the row columns the pairing rule reads
 PROVENANCE_COLUMNS = list(provenance_fields.PAIRED)

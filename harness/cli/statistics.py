@@ -27,7 +27,7 @@ def print_summaries(screen: Console, title: str, analysis: Any) -> None:
 
     summary, cost, probes, answers = analysis.summary, analysis.slowdown, analysis.probes, analysis.answers
     screen.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
-    for line in verdict_lines(summary, analysis.by_setting) + machine_lines(summary):
+    for line in verdict_lines(summary, analysis.by_setting) + machine_lines(summary) + analysis.notes:
         screen.print(line)
     if not cost.empty:
         screen.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from harness.core.log import Log
 
@@ -55,6 +55,14 @@ class Finding:
     detail: str
     ok: bool | None = None
     fix: str = ""
+
+
+def _on_off(value: Any) -> Any:
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+#: an engine option of auto / on / off, where YAML's on / off (read as true / false) mean what they say
+AutoOnOff = Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)]
 
 
 class Unsupported(Exception):
@@ -199,10 +207,19 @@ class Engine(ABC):
 
     @classmethod
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
-              wants_gpu: bool) -> list[Finding]:
+              wants_gpu: bool, base: Path | None = None) -> list[Finding]:
         """What doctor finds missing (ok=False) or worth saying for an experiment's `cells` of this
-        engine, given its probe's facts; `wants_gpu`: some cell of the experiment may use a GPU."""
+        engine, given its probe's facts; `wants_gpu`: some cell of the experiment may use a GPU;
+        `base`: the experiment's folder (for relative model paths). An engine that can run a few
+        tokens of the experiment's model here without risk (in a child process) does, so that a
+        crash shows in doctor, not an hour into a run."""
         return []
+
+    @classmethod
+    def crash_hint(cls, spec: LoadSpec, signal_name: str) -> str:
+        """What to say when this engine's process died of `signal_name` (SIGILL, SIGSEGV, ...) with
+        `spec`: the build's CPU features, what to try. Default: nothing."""
+        return ""
 
     @classmethod
     def environment(cls, spec: LoadSpec) -> dict[str, str]:

@@ -8,9 +8,13 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
+import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +23,7 @@ from pydantic import Field
 from harness.models import catalog as models
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
+    AutoOnOff,
     Finding,
     HONOUR,
     Refuse,
@@ -32,7 +37,9 @@ from harness.engines.base import (
     StepObserver,
 )
 from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
-from harness.engines.parts.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
+from harness.engines.parts import cpu_kernels
+from harness.engines.parts.server_process import (ManagedServer, free_port, get_json, log_dir, post_concurrently,
+                                                     post_json)
 
 
 class LlamaServerOptions(EngineOptions):
@@ -41,12 +48,59 @@ class LlamaServerOptions(EngineOptions):
     n_gpu_layers: int | None = Field(None, ge=-1, description="-1 = all; default: all, or none for gpu: cpu")
     n_threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(2048, ge=64, description="context per slot (raised to fit the longest prompt + max_tokens)")
-    flash_attn: Literal["auto", "on", "off"] = "auto"
+    flash_attn: AutoOnOff = "auto"
     kv_unified: bool = False
     ignore_eos: bool = False
     extra_args: list[str] = Field(default_factory=list, description="more llama-server arguments, verbatim")
     startup_timeout_s: float = Field(180, gt=0)
     request_timeout_s: float = Field(600, gt=0)
+    extra_bufts: AutoOnOff = Field(
+        "auto", description="llama.cpp's extra buffer types (AMX tiles, repacked weights): on, off (--no-repack), or "
+                            "auto: on, unless the CPU reports AMX and a probe server crashes with them here")
+
+
+def _server_probe(binary: str, model: Path, threads: int | None, timeout_s: float) -> cpu_kernels.Probe:
+    """A probe server: started with extra buffers on or off, sent two prompts over 128 tokens at once;
+    its exit code (a negative signal when it died) and the kernel path its load log shows."""
+    def run(use_extra: bool) -> tuple[int, str]:
+        port = free_port()
+        args = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--parallel", "2", "-c", "2048",
+                "-ngl", "0", "--no-webui", "-v", *(["-t", str(threads)] if threads else []),
+                *([] if use_extra else ["--no-repack"])]
+        with tempfile.TemporaryFile() as out:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                code = _probe_server(proc, f"http://127.0.0.1:{port}", timeout_s)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            out.seek(0)
+            seen = out.read().decode(errors="replace")
+        return code, cpu_kernels.kernel_path(cpu_kernels.extra_buffers(seen), seen) if code == 0 else ""
+
+    return run
+
+
+def _probe_server(proc: subprocess.Popen, url: str, timeout_s: float) -> int:
+    """0 when the server came up and answered both long prompts; else how it ended (124: no answer in time)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            get_json(f"{url}/health", timeout=2)
+            break
+        except RuntimeError:
+            time.sleep(0.2)
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        post_concurrently(f"{url}/completion", [{"prompt": cpu_kernels.PREFILL_TEXT, "n_predict": 2, "id_slot": i}
+                                               for i in range(2)], max(1.0, deadline - time.monotonic()))
+    except RuntimeError:
+        pass
+    time.sleep(0.2)  # a crash in the kernels ends the process as the answer is due
+    return proc.returncode if proc.poll() is not None else 0 if time.monotonic() < deadline else 124
 
 
 def find_binary(option: str | None) -> str:
@@ -122,7 +176,7 @@ class LlamaServerEngine(Engine):
 
     @classmethod
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
-              wants_gpu: bool) -> list[Finding]:
+              wants_gpu: bool, base: Path | None = None) -> list[Finding]:
         if wants_gpu and not facts["gpu_devices"]:
             return [Finding(cls.name, "this llama-server lists no GPU device: its cells would run on the CPU", False,
                             "build llama.cpp with -DGGML_CUDA=ON (cmake -B build -DGGML_CUDA=ON && cmake --build build "
@@ -158,6 +212,14 @@ class LlamaServerEngine(Engine):
                                         if l.startswith("version:")), "")
         except (OSError, subprocess.SubprocessError):
             self.server_version = ""
+        probe = _server_probe(self.binary, self.model_path, self.opts.n_threads, self.opts.startup_timeout_s)
+        key = cpu_kernels.cache_key("llama-server", self.binary, self.server_version, self.model_sha256)
+        self.extra = cpu_kernels.choose(self.opts.extra_bufts, cpu_kernels.cpu_reports_amx(), probe, models.cache_dir(),
+                                        key, log)
+        if self.extra.warning:
+            log(self.extra.warning)
+        # the path a server with these flags computes in, read from a probe server's load log (kept)
+        self.kernel_path = cpu_kernels.probed(models.cache_dir(), key, self.extra.use_extra, probe, log)[1]
 
     def _flags(self) -> list[str]:
         """The server flags that come from the options and axes (not the port, slots or context)."""
@@ -168,6 +230,8 @@ class LlamaServerEngine(Engine):
             args += ["-t", str(self.opts.n_threads)]
         if self.opts.kv_unified:
             args += ["--kv-unified"]
+        if not self.extra.use_extra:
+            args += ["--no-repack"]
         if self.spec.prefill_chunk != "auto":
             args += ["-b", self.spec.prefill_chunk, "-ub", self.spec.prefill_chunk]
         kv = _KV_TYPES[self.spec.kv_cache_dtype]
@@ -311,6 +375,8 @@ class LlamaServerEngine(Engine):
             "engine_version": f"llama-server {self.server_version}".strip(),
             "binary": self.binary,
             "server_flags": " ".join(self._flags()),
+            "extra_bufts": self.extra.said,
+            "cpu_kernels": self.kernel_path,
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
         }

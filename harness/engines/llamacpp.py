@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+from importlib import metadata
 import logging
 import math
 import os
@@ -22,9 +23,11 @@ from pydantic import Field
 
 from harness.models import catalog as models
 from harness.engines.parts.chat_template import ChatTemplate
+from harness.engines.parts import cpu_kernels
 from harness.engines.parts.child_probe import probe_in_child
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
+    AutoOnOff,
     Finding,
     HONOUR,
     Refuse,
@@ -64,11 +67,14 @@ class LlamaCppOptions(EngineOptions):
     n_batch: int = Field(2048, ge=1, description="logical batch (tokens per llama_decode call)")
     n_ubatch: int = Field(512, ge=1, description="physical micro-batch")
     n_ctx: int | None = Field(None, ge=16, description="context per sequence; default: fits prompt + max_tokens")
-    flash_attn: Literal["auto", "on", "off"] = "auto"
+    flash_attn: AutoOnOff = "auto"
     kv_unified: bool = False
     ignore_eos: bool = False
     use_mmap: bool = True
     verbose: bool = Field(False, description="show llama.cpp's own log lines")
+    extra_bufts: AutoOnOff = Field(
+        "auto", description="llama.cpp's extra buffer types (AMX tiles, repacked weights): on, off (its --no-repack), "
+                            "or auto: on, unless the CPU reports AMX and a probe finds its kernels crash here")
 
 
 _FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -156,8 +162,18 @@ class LlamaCppEngine(Engine):
         return f"llama-cpp-python {facts['version']}, {offload}; backends {', '.join(facts['backends'])}"
 
     @classmethod
+    def crash_hint(cls, spec: LoadSpec, signal_name: str) -> str:
+        facts = probe_in_child(_PROBE, timeout_s=60)
+        features = " ".join(cpu_kernels.build_features(facts.get("system_info", ""))) or "unknown"
+        chosen = spec.options.get("extra_bufts", "auto")
+        tries = ("engine_options.llamacpp.extra_bufts: off (no AMX or repacked kernels)" if chosen != "off" else
+                 "a llama-cpp-python built for a plainer CPU (CMAKE_ARGS=\"-DGGML_NATIVE=OFF\")")
+        return (f"llama.cpp died in native code; this build uses CPU features {features} (extra_bufts {chosen}); "
+                f"try {tries}")
+
+    @classmethod
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
-              wants_gpu: bool) -> list[Finding]:
+              wants_gpu: bool, base: Path | None = None) -> list[Finding]:
         found = []
         named_gpu = any(c["gpu"] not in ("any", "cpu") for c in cells)
         if wants_gpu and not facts["gpu_offload"]:
@@ -170,7 +186,34 @@ class LlamaCppEngine(Engine):
                                  "gpu: cpu"))
         if any(c["dtype"] != "auto" for c in cells) and importlib.util.find_spec("gguf") is None:
             found.append(Finding(cls.name, "dtype f16/bf16/f32 copies need the gguf package", False, models.INSTALL_GGUF))
+        for model in dict.fromkeys(c["model"] for c in cells):
+            found.append(cls._trial(model, options, facts.get("system_info", ""), base))
         return found
+
+    @classmethod
+    def _trial(cls, model: str, options: dict[str, Any], system_info: str, base: Path | None) -> Finding:
+        """The experiment's model decoded here in a child process (a batch of 2, prefills over 128
+        tokens), with the extra-buffer setting a run would choose: a crash fails doctor."""
+        what = f"{cls.name} {model}"
+        try:
+            path = models.resolve_gguf(model, base)
+        except Exception as exc:  # noqa: BLE001 - said as the finding
+            return Finding(what, f"the model cannot be found: {exc}", False)
+        opts = LlamaCppOptions.model_validate(options)
+        threads = opts.n_threads or os.cpu_count() or 1
+        probe = cpu_kernels.probe_child(path, threads)
+        key = cpu_kernels.cache_key("llama-cpp-python", metadata.version("llama-cpp-python"), system_info,
+                                    models.file_sha256(path))
+        choice = cpu_kernels.choose(opts.extra_bufts, cpu_kernels.has_amx(system_info) or cpu_kernels.cpu_reports_amx(),
+                                    probe, models.cache_dir(), key, lambda _: None)
+        code = cpu_kernels.probed(models.cache_dir(), key, choice.use_extra, probe, lambda _: None)[0]
+        if code != 0:
+            died = cpu_kernels.signal_name(code) if code < 0 else f"exit code {code}"
+            return Finding(what, f"a probe batch crashed ({died}) with extra_bufts {choice.said}", False,
+                           "set engine_options.llamacpp.extra_bufts: off, or build llama-cpp-python with "
+                           'CMAKE_ARGS="-DGGML_NATIVE=OFF"')
+        return Finding(what, f"decoded a probe batch of 2 here; extra_bufts {choice.said}; CPU kernels: "
+                             f"{cpu_kernels.kernel_path([], system_info).split('; ', 1)[1]}", True)
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -191,20 +234,29 @@ class LlamaCppEngine(Engine):
         self.model_path = models.gguf_in_dtype(source, spec.dtype, log)
         self.model_sha256 = models.file_sha256(self.model_path)
         ll.llama_backend_init()
+        self.n_threads = self.opts.n_threads or os.cpu_count() or 1
+        self.system_info = ll.llama_print_system_info().decode(errors="replace").strip()
+        self.extra = cpu_kernels.choose(
+            self.opts.extra_bufts, cpu_kernels.has_amx(self.system_info) or cpu_kernels.cpu_reports_amx(),
+            cpu_kernels.probe_child(self.model_path, self.n_threads), models.cache_dir(),
+            cpu_kernels.cache_key("llama-cpp-python", ll.__version__, self.system_info, self.model_sha256), log)
+        if self.extra.warning:
+            log(self.extra.warning)
         mparams = ll.llama_model_default_params()
         self.n_gpu_layers = gpu_layers(spec.gpu, self.opts.n_gpu_layers)
         mparams.n_gpu_layers = self.n_gpu_layers
         mparams.use_mmap = self.opts.use_mmap
+        mparams.use_extra_bufts = self.extra.use_extra
         with LoadLog(ll, echo=self.opts.verbose) as load_log:
             self._model = ll.llama_model_load_from_file(str(self.model_path).encode(), mparams)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {self.model_path}")
+        self.kernel_path = cpu_kernels.kernel_path(cpu_kernels.extra_buffers(load_log.text), self.system_info)
         self._offload = offload_state(load_log.text, bool(ll.llama_supports_gpu_offload()), self.n_gpu_layers,
                                       ll.llama_print_system_info().decode(errors="replace"),
                                       int(ll.llama_model_n_layer(self._model)))
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
-        self.n_threads = self.opts.n_threads or os.cpu_count() or 1
         #: tokens per prefill call (the prefill_chunk axis; n_batch by default)
         self.prefill_step = self.opts.n_batch if spec.prefill_chunk == "auto" else int(spec.prefill_chunk)
         self._probe_ctx: Any = None
@@ -557,7 +609,9 @@ class LlamaCppEngine(Engine):
         ll = self._ll
         return {
             "engine_version": f"llama-cpp-python {ll.__version__}",
-            "engine_info": ll.llama_print_system_info().decode(errors="replace").strip(),
+            "engine_info": self.system_info,
+            "extra_bufts": self.extra.said,
+            "cpu_kernels": self.kernel_path,
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
             "n_gpu_layers": self.n_gpu_layers,
             "n_threads": self.n_threads,

@@ -149,7 +149,7 @@ class VllmEngine(Engine):
 
     @classmethod
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
-              wants_gpu: bool) -> list[Finding]:
+              wants_gpu: bool, base: Path | None = None) -> list[Finding]:
         found = []
         where = facts.get("device_type")
         if where == "cpu" and any(c["gpu"] not in ("any", "cpu") for c in cells):

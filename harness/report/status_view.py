@@ -19,6 +19,7 @@ def status_view(status: FolderStatus, folder: str) -> list[Any]:
     stale = status.stale
     out: list[Any] = [Text(f"{folder}: {len(status.states)} cells: {counts}"
                            + (f"; {len(stale)} stale cell file(s)" if stale else ""))]
+    out += status.notes
     pending, resumable, partial = status.pending, status.resumable, status.partial
     if resumable:
         out.append(f"{len(resumable)} unfinished cell(s) hold checkpoints "

@@ -53,6 +53,9 @@ FIELDS: tuple[Field, ...] = (
     Field("git_commit", context=True),
     # the chat template the engine applied is read from its info (metrics.chat_template_of)
     Field("engine_info", pairs="chat_template"),
+    # the CPU kernels that computed (llama.cpp: AMX / repacked weights / llamafile / plain): two paths
+    # can give different logits on one model and build
+    Field("cpu_kernels", pairs="cpu_kernels", same_load=True, context=True),
     Field("env"),
     Field("job_id"),
     Field("job_array_index"),

@@ -6,7 +6,7 @@ import hashlib
 import json
 import traceback
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -50,8 +50,9 @@ class RowMaker:
             "model_file": info.get("model_file", ""),
             "model_sha256": info.get("model_sha256", ""),
             "engine_version": info.get("engine_version", ""),
+            "cpu_kernels": info.get("cpu_kernels", ""),
             "engine_info": json.dumps(
-                {k: v for k, v in info.items() if k not in ("engine_version", "model_file", "model_sha256")},
+                {k: v for k, v in info.items() if k not in ("engine_version", "model_file", "model_sha256", "cpu_kernels")},
                 sort_keys=True,
             ),
         }
@@ -108,3 +109,19 @@ class RowMaker:
             "batch_tokens_per_s": out.batch_generated_tokens / out.wall_s if out.wall_s > 0 else None,
             "engine_detail": json.dumps(out.detail, sort_keys=True, default=str),
         }
+
+
+def auto_fallbacks(engine_info: Iterable[Any]) -> list[str]:
+    """Lines for the loads whose engine chose a setting by itself and said why (llama.cpp's
+    `extra_bufts: auto` turning the AMX kernels off on a CPU where they crash), from the rows'
+    engine_info: the run prints it once, and `status` and the summary repeat it."""
+    said: dict[str, None] = {}
+    for text in set(engine_info):
+        try:
+            info = json.loads(text) if isinstance(text, str) and text else {}
+        except ValueError:
+            continue
+        choice = str(info.get("extra_bufts", "")) if isinstance(info, dict) else ""
+        if choice.startswith("off (auto:"):
+            said[f"note: llama.cpp's extra buffer types were off in these rows: {choice[5:-1]}"] = None
+    return sorted(said)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.experiment.matrix import Cell
 from harness.core.errors import HarnessError
 from harness.results.folder import ResultsFolder
+from harness.results.rows import auto_fallbacks
 from harness.results.store import DONE_STATUSES, Store
 
 
@@ -57,6 +58,8 @@ class FolderStatus:
     states: list[CellState]
     stale: list[str]
     partial: dict[str, int]
+    #: what the loads chose by themselves, as the rows say (harness.results.rows.auto_fallbacks)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -95,4 +98,6 @@ def folder_status(folder: ResultsFolder, cells: list[Cell] | None = None) -> Fol
     current = {c.id for c in cells}
     stale = [p.stem for p in folder.store.cell_files() if p.stem not in current]
     partial = folder.partial() if folder.has_manifest() else {}
-    return FolderStatus(cells, cell_states(cells, folder.store), stale, partial)
+    ran = [c.id for c in cells if folder.store.cell_path(c.id).is_file()]
+    info = folder.store.read_rows(columns=["engine_info"], cell_ids=ran)["engine_info"] if ran else []
+    return FolderStatus(cells, cell_states(cells, folder.store), stale, partial, auto_fallbacks(info))

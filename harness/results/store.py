@@ -26,10 +26,11 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: logprobs_hash and the prefill_probe_* columns; 5 what ran (harness.run.enforced: device, backend,
 #: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend);
 #: 6 seed_check (the seed control's verdict); 7 run_key (what one run depends on: harness.run.reuse);
-#: 8 prefill_probe_kl_mean and prefill_probe_kl_max (exact KL of decode vs one prefill, per step).
+#: 8 prefill_probe_kl_mean and prefill_probe_kl_max (exact KL of decode vs one prefill, per step);
+#: 9 cpu_kernels (llama.cpp's CPU kernel path: extra buffer types in use, build features, llamafile).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -123,6 +124,7 @@ ROW_SCHEMA = pa.schema(
         ("harness_version", pa.string()),
         ("git_commit", pa.string()),
         ("engine_info", pa.string()),
+        ("cpu_kernels", pa.string()),
         ("env", pa.string()),
         ("job_id", pa.string()),
         ("job_array_index", pa.string()),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.engines.registry import engine_class
 from harness.run.worker import WorkOrder
 
 LOG_TAIL_LINES = 15
@@ -92,8 +93,12 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
     code = proc.wait()
     if code == 0:
         return Outcome(code, "")
-    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return Outcome(code, f"engine worker {how}\n{_tail(log_path)}".strip())
+    if code < 0:  # a crash in native code: name the signal and what the engine says to try
+        name = signal.Signals(-code).name
+        hint = engine_class(order.group.spec.engine).crash_hint(order.group.spec, name)
+        return Outcome(code, f"engine worker ({order.group.spec.engine}) killed by signal {name}"
+                             f"{'; ' + hint if hint else ''}\n{_tail(log_path)}".strip())
+    return Outcome(code, f"engine worker exited with code {code}\n{_tail(log_path)}".strip())
 
 
 def _relay(line: bytes, reporter: Any) -> None:
