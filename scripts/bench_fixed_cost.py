@@ -33,6 +33,7 @@ spec = json.load(open(sys.argv[1]))
 ll.llama_backend_init()
 mparams = ll.llama_model_default_params()
 mparams.n_gpu_layers = 0
+mparams.use_extra_bufts = spec["extra"]  # the kernels the harness chose (extra_bufts auto), so both run alike
 model = ll.llama_model_load_from_file(spec["model"].encode(), mparams)
 vocab = ll.llama_model_get_vocab(model)
 n_vocab = ll.llama_vocab_n_tokens(vocab)
@@ -80,7 +81,7 @@ matrix:
   engine: [llamacpp]
   batch_size: [{batch}]
 engine_options:
-  llamacpp: {{ignore_eos: true, n_ctx: {per_seq}}}
+  llamacpp: {{ignore_eos: true, n_ctx: {per_seq}, extra_bufts: "{extra}"}}
 """
 
 
@@ -113,12 +114,13 @@ def main() -> None:
         chat = [engine.tokenize(engine.chat(p.text)) for p in batch.prompts]
         spec = {"model": str(engine.model_path), "tokens": chat, "per_seq": per_seq,
                 "max_tokens": args.tokens, "threads": engine.n_threads, "n_batch": engine.opts.n_batch,
-                "n_ubatch": engine.opts.n_ubatch}
+                "n_ubatch": engine.opts.n_ubatch, "extra": engine.extra.use_extra}
         engine.close()
         (work / "spec.json").write_text(json.dumps(spec))
         (work / "bare.py").write_text(BARE)
         (work / "exp.yaml").write_text(EXPERIMENT.format(
-            batch=args.batch, tokens=args.tokens, per_seq=per_seq, target=json.dumps(target.text),
+            batch=args.batch, tokens=args.tokens, per_seq=per_seq, extra="on" if spec["extra"] else "off",
+            target=json.dumps(target.text),
             fillers=json.dumps([f.text for f in prompts.fillers])))
         bare, mine = [], []
         for r in range(args.rounds):

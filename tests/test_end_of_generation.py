@@ -45,9 +45,10 @@ matrix:
   model: [smollm2-135m]
   engine: [{engines}]
 engine_options:
-  llamacpp: {{n_threads: 2}}
-  llama-server: {{n_threads: 2}}
-  openai: {{launch: [{binary}, -m, "{{model}}", --host, 127.0.0.1, --port, "{{port}}", -t, "2"]}}
+  llamacpp: {{n_threads: 2, extra_bufts: "off"}}
+  llama-server: {{n_threads: 2, extra_bufts: "off"}}
+  # one kernel path on every CPU (llama.cpp's AMX kernels crash on some): no extra buffer types anywhere
+  openai: {{launch: [{binary}, -m, "{{model}}", --host, 127.0.0.1, --port, "{{port}}", -t, "2", --no-repack]}}
   vllm: {{enforce_eager: true, max_num_seqs: 4, max_model_len: 512}}
 """
 

@@ -30,7 +30,7 @@ def _experiment(engines: list[str]) -> str:
     from harness.engines.llama_server import find_binary
 
     launch = (f'[{find_binary(None)}, -m, "{{model}}", --host, 127.0.0.1, --port, "{{port}}", --parallel, "{N}", '
-              f'-c, "{N * 64}", -t, "2"]')
+              f'-c, "{N * 64}", -t, "2", --no-repack]')  # no AMX kernels: they crash on some CPUs
     return f"""
 name: large-batches
 prompts:

@@ -42,7 +42,7 @@ engine_options:
 
 def test_launched_server_rows_with_server_token_ids(write, tmp_path):
     write("prompts.yaml", PROMPTS)
-    launch = 'launch: [BINARY, -m, "{model}", --host, 127.0.0.1, --port, "{port}", --parallel, "2", -t, "1"]'
+    launch = 'launch: [BINARY, -m, "{model}", --host, 127.0.0.1, --port, "{port}", --parallel, "2", -t, "1", --no-repack]'
     store = Store(tmp_path / "out")
     Runner(load_experiment(write("exp.yaml", _experiment(launch))), ResultsFolder(store.root), group_timeout_s=600).run()
     rows = store.read_rows()
@@ -96,7 +96,7 @@ def test_credentials_reach_the_server_and_no_stored_file(write, tmp_path, monkey
           openai: {{{server}}}
           vllm: {{extra: {{hf_token: {token}}}}}
         """
-    launch = (f'launch: [{find_binary(None)}, -m, "{{model}}", --port, "{{port}}", --api-key, {key}, -t, "1"], '
+    launch = (f'launch: [{find_binary(None)}, -m, "{{model}}", --port, "{{port}}", --api-key, {key}, -t, "1", --no-repack], '
               "api_key_env: HARNESS_TEST_KEY")
     write("launched.yaml", experiment.format(server=launch, token=token))
     write("remote.yaml", experiment.format(server=f'base_url: "http://harness:{password}@127.0.0.1:{free_port()}"',

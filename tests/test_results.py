@@ -544,5 +544,5 @@ def test_every_declared_provenance_field_is_a_row_column_and_every_role_is_used(
     assert set(provenance_fields.NAMES) <= set(ROW_SCHEMA.names)
     # the machine label reads its columns by position: host, GPU uuid, driver, CUDA
     assert provenance_fields.MACHINE == ("host", "gpu_uuid", "gpu_driver", "cuda_version")
-    assert set(provenance_fields.SAME_LOAD) == {"model_sha256", "engine_version", "host", "gpu_uuid"}
-    assert {"model_sha256", "engine_version", "schema_version", "chat_template", "host"} == set(provenance_fields.MIXABLE)
+    assert set(provenance_fields.SAME_LOAD) == {"model_sha256", "engine_version", "host", "gpu_uuid", "cpu_kernels"}
+    assert {"model_sha256", "engine_version", "schema_version", "chat_template", "host", "cpu_kernels"} == set(provenance_fields.MIXABLE)

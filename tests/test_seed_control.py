@@ -114,7 +114,7 @@ def test_a_server_that_ignores_the_seed_is_reported_not_measured(tmp_path):
     proxy = Path(__file__).with_name("seedless_proxy.py")
     upstream = free_port()
     launch = [sys.executable, str(proxy), "{port}", str(upstream), "--", find_binary(None), "-m", "{model}",
-              "--host", "127.0.0.1", "--port", str(upstream), "--parallel", "2", "-t", "1"]
+              "--host", "127.0.0.1", "--port", str(upstream), "--parallel", "2", "-t", "1", "--no-repack"]
     text = SAMPLED.replace("ENGINES", "openai").replace("temperature: [0, 1.0]", "temperature: [1.0]")
     text += f"engine_options:\n  openai:\n    launch: {launch}\n    health_path: /health\n"
     (tmp_path / "prompts.yaml").write_text(PROMPTS)

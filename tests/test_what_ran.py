@@ -103,3 +103,19 @@ def test_a_fake_a100_with_the_cpu_build_fails_its_cell_and_rows_say_what_ran(wri
     doctor = subprocess.run([sys.executable, "-m", "harness", "doctor", "exp.yaml"], cwd=tmp_path, env=env,
                             capture_output=True, text=True)
     assert "that name a GPU type will fail" in doctor.stdout, doctor.stdout
+
+
+def test_a_cpu_cell_sees_no_gpu_and_a_gpu_cell_only_its_own():
+    """gpu: cpu hides every GPU from the worker (a CUDA llama.cpp would still offload prefill ops); a GPU
+    type gets the first visible GPU of that type by UUID (not the layers split over every GPU), or as
+    many as tensor parallelism asks; a task already given some GPUs (CUDA_VISIBLE_DEVICES) keeps to them."""
+    from harness.run.enforced import device_environment
+
+    node = [{"name": "NVIDIA L40S", "uuid": "GPU-aaa"}, {"name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-bbb"},
+            {"name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-ccc"}]
+    assert device_environment("cpu", node, environ={}) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert device_environment("any", node, environ={}) == {}
+    assert device_environment("A100", node, environ={}) == {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}
+    assert device_environment("A100", node, 2, environ={}) == {"CUDA_VISIBLE_DEVICES": "GPU-bbb,GPU-ccc"}
+    assert device_environment("A100", node, environ={"CUDA_VISIBLE_DEVICES": "0,2"}) == {"CUDA_VISIBLE_DEVICES": "GPU-ccc"}
+    assert device_environment("H100", node, environ={}) == {}  # not here: the cell is skipped before this

@@ -16,7 +16,6 @@ import pandas as pd
 from harness.analysis import near_ties as ties_module
 from harness.analysis.metrics import keys_of, prompt_upper95, upper95
 
-BOUNDS = ("prompts", "pooled")
 COLUMNS = ["prompts", "compared", "diverged", "divergence_rate", "upper95_prompts", "upper95_pooled",
            "first_divergence_min", "median_tokens_to_divergence", "logprobs_compared", "logprobs_identical_runs"]
 

@@ -99,7 +99,7 @@ def within_noise(a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",),
         same_text = part_b["prompt_id"].map(lambda p: p in texts and texts_b.get(p) == texts[p]).astype(bool)
         left_out = int((~same_text).sum())
         part_b = part_b[same_text]
-        scorer = Scorer(scorer_spec(cell.load_spec()), loaded.base_dir, log)
+        scorer = Scorer(scorer_spec(cell.load_spec()), loaded.base, log)
         if scorer.refusal:
             records.append(setting | {"verdict": f"not scored: {scorer.refusal}", "left_out": left_out})
             continue

@@ -128,7 +128,7 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
         runs = ok[ok["cell_id"].isin(chosen)]
         tokens = results.tokens_for(set(runs["output_hash"]))
         texts = {p.id: p.text for p in loaded.prompt_set.prompts}
-        scorer = Scorer(spec, loaded.base_dir, log)
+        scorer = Scorer(spec, loaded.base, log)
         if scorer.refusal:
             refused.append(scorer.refusal)
             continue

@@ -37,11 +37,6 @@ def times(compared: pd.DataFrame) -> pd.DataFrame:
     return judged.assign(time=time.astype(np.int64), event=event)
 
 
-def kaplan_meier(time: np.ndarray, event: np.ndarray) -> pd.DataFrame:
-    """One step curve, at t = 0 and at each distinct time (CURVE_COLUMNS)."""
-    return _curves(np.zeros(len(time), dtype=np.int64), np.asarray(time), np.asarray(event, dtype=bool))
-
-
 def _curves(group: np.ndarray, time: np.ndarray, event: np.ndarray) -> pd.DataFrame:
     """Every group's curve at once (a million runs over hundreds of settings in one pass): the
     `group` column, then CURVE_COLUMNS, each group's rows from t = 0 on."""
@@ -72,12 +67,6 @@ def _curves(group: np.ndarray, time: np.ndarray, event: np.ndarray) -> pd.DataFr
                          "identical": 1.0, "low": 0.025 ** (1.0 / sizes.to_numpy()), "high": 1.0})
     out = pd.concat([head, body[body["tokens"] > 0]], ignore_index=True)
     return out.sort_values(["group", "tokens"], kind="stable").reset_index(drop=True)[["group"] + CURVE_COLUMNS]
-
-
-def median_tokens(curve: pd.DataFrame) -> float:
-    """The smallest first-divergence index d with S(d + 1) <= 0.5; NaN when the curve stays above."""
-    below = curve[curve["identical"] <= 0.5]
-    return float(below["tokens"].iloc[0] - 1) if len(below) else float("nan")
 
 
 def curves(compared: pd.DataFrame) -> pd.DataFrame:

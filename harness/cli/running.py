@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli.common import REFERENCE_HELP, REFERENCE_RUN_HELP, command, console, open_analysis, open_folder
+from harness.cli.common import (REFERENCE_HELP, REFERENCE_RUN_HELP, allowed, command, console, open_analysis,
+                                open_folder)
 from harness.core.errors import HarnessError, UsageError, describe_os_error
 
 
@@ -65,6 +66,9 @@ def run(
     checkpoint_every: float = typer.Option(
         10.0, "--checkpoint-every", min=0, help="Seconds between checkpoints of a running cell's finished batches "
         "(a killed run resumes inside the cell from the last one); 0: after every batch."),
+    progress: str = typer.Option("auto", "--progress", help="auto (a bar on a terminal, plain lines in a log or "
+                                 "pipe), rich, plain (a line per finished cell and at least one every 30 s), or none "
+                                 "(messages only)."),
 ) -> None:
     """Run an experiment. Finished cells are kept on disk; the same command again resumes.
 
@@ -79,10 +83,11 @@ def run(
     from harness.experiment.matrix import expand, group, refuse_ignored
     from harness.experiment.selection import Selection, apply, parse_shard
     from harness.experiment.settings_args import parse_settings
-    from harness.report.progress import RichReporter
+    from harness.report.progress import MODES, reporter_for
     from harness.results.folder import ResultsFolder
     from harness.run.runner import Runner
 
+    allowed("--progress", progress, MODES)
     loaded = _experiment_or_folder(experiment)
     selection = Selection(
         shard=parse_shard(shard) if shard else None,
@@ -101,7 +106,7 @@ def run(
     screen = console()
     shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
     screen.print(f"[bold]{loaded.experiment.name}[/bold] -> {shown}")
-    with RichReporter(screen) as reporter:
+    with reporter_for(progress, screen) as reporter:
         runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every)
         adoption = runner.adoption
         if adoption.replaced:
@@ -113,7 +118,7 @@ def run(
         try:
             result = runner.run(force=force, selection=selection)
         except KeyboardInterrupt:
-            reporter.progress.stop()
+            reporter.stop()
             screen.print(f"[yellow]interrupted[/yellow]: {len(folder.store.cell_files())} finished cell(s) are in "
                          f"{shown}; run the same command again to resume")
             raise typer.Exit(130) from None

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 import time
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import Field

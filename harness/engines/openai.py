@@ -8,10 +8,12 @@ own GGUF vocabulary (`tokenizer`); settings the server did not echo back are lis
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, model_validator
 
@@ -25,10 +27,12 @@ from harness.engines.parts.server_process import ManagedServer, free_port, get_j
 
 
 class OpenAIOptions(EngineOptions):
-    base_url: str | None = Field(None, description="a running server, e.g. http://127.0.0.1:8000")
+    base_url: str | None = Field(None, description="a running server as OpenAI clients write it, e.g. "
+                                 "http://127.0.0.1:8000/v1 (or without /v1, or under a gateway's prefix); "
+                                 "user:password@ in it is sent as HTTP Basic auth")
     launch: list[str] | None = Field(None, description="argument list to start a server; {port} and {model} are filled in")
     host: str = Field("127.0.0.1", description="where a launched server listens")
-    health_path: str = Field("/v1/models", description="GET path that answers 200 when the server is ready")
+    health_path: str = Field("/v1/models", description="with launch: GET path that answers 200 when the server is ready")
     served_model: str | None = Field(None, description="'model' in requests; default: the model axis value")
     api_key_env: str | None = Field(None, description="name of the environment variable holding an API key (never stored)")
     top_k: bool = Field(True, description="send top_k (not in the OpenAI spec; vLLM, SGLang, llama-server accept it)")
@@ -40,7 +44,10 @@ class OpenAIOptions(EngineOptions):
         if (self.base_url is None) == (self.launch is None):
             raise ValueError("give exactly one of base_url (a running server) or launch (a command to start one)")
         if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url '{self.base_url}' must start with http:// or https://")
+            raise ValueError(f"base_url '{redact_url(self.base_url)}' must start with http:// or https://")
+        if self.base_url is not None and urlsplit(self.base_url).username is not None and self.api_key_env:
+            raise ValueError("base_url carries credentials (user:password@) and api_key_env names a key: give one of "
+                             "them (a key: api_key_env, sent as 'Authorization: Bearer')")
         return self
 
 
@@ -104,11 +111,28 @@ class OpenAIEngine(Engine):
             log(f"launching {args[0]} on {self.url}")
             self.server = ManagedServer(args, self.url + self.opts.health_path, log_dir() / f"openai-server-{port}.log",
                                         self.opts.startup_timeout_s, headers=self._headers)
+            self.api = self._api_root(self.url)
         else:
-            self.url = self.opts.base_url.rstrip("/")
-            get_json(self.url + self.opts.health_path, timeout=30, headers=self._headers)  # a clear error now
+            self.url, basic = _without_credentials(self.opts.base_url.rstrip("/"))
+            if basic:
+                self._headers = {"Authorization": f"Basic {basic}"}
+            self.api = self._api_root(self.url)  # a clear error now, not at the first batch
+            log(f"OpenAI-compatible API at {redact_url(self.api)}")
         self.served_model = self.opts.served_model or spec.model
         self.end_ids = self._end_ids()
+
+    def _api_root(self, given: str) -> str:
+        """The API root under `given`: `given` itself when GET .../models answers there, else `given` + /v1;
+        a RuntimeError naming both when neither does."""
+        tried = []
+        for root in dict.fromkeys([given] if given.endswith("/v1") else [given, given + "/v1"]):
+            try:
+                get_json(root + "/models", timeout=30, headers=self._headers)
+                return root
+            except RuntimeError as exc:
+                tried.append(str(exc))
+        raise RuntimeError("no OpenAI-compatible API found: " + "; ".join(tried) + ". Give base_url as the API root "
+                           "an OpenAI client takes (e.g. http://HOST:PORT/v1)")
 
     def _end_ids(self) -> frozenset[int] | None:
         """The model's end-of-generation tokens, read from its GGUF when the model names one here
@@ -166,7 +190,7 @@ class OpenAIEngine(Engine):
             if self.opts.top_k:
                 body["top_k"] = sampling.top_k if sampling.top_k > 0 else -1
             bodies.append(body)
-        sent = post_concurrently(self.url + "/v1/chat/completions", bodies, self.opts.request_timeout_s,
+        sent = post_concurrently(self.api + "/chat/completions", bodies, self.opts.request_timeout_s,
                                  headers=self._headers)
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         answer = answers[target]
@@ -216,10 +240,12 @@ class OpenAIEngine(Engine):
     def describe(self) -> dict[str, Any]:
         version = ""
         try:
-            version = str(get_json(self.url + "/version", timeout=5, headers=self._headers).get("version", ""))
+            version = str(get_json(self.api.removesuffix("/v1") + "/version", timeout=5,
+                                   headers=self._headers).get("version", ""))
         except RuntimeError:
             pass
         return {"engine_version": f"openai-compatible {version}".strip(), "url": redact_url(self.url),
+                "api_root": redact_url(self.api),
                 "launched": self.server is not None}
 
     def close(self) -> None:
@@ -232,6 +258,18 @@ class OpenAIEngine(Engine):
             ll.llama_model_free(self._vocab_model)
             self._vocab = None
 
+
+
+def _without_credentials(url: str) -> tuple[str, str]:
+    """`url` without user:password@, and those as an HTTP Basic credential ('' when there are none):
+    no request goes to a host name built from them."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, ""
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return urlunsplit(parts._replace(netloc=netloc)), base64.b64encode(pair.encode()).decode()
 
 
 def _pieces(steps: list[dict[str, Any]], n_tokens: int) -> list[str]:

@@ -234,10 +234,6 @@ class LoadedExperiment(BaseModel):
         """Every setting axis of this experiment: the fixed ones, then its swept engine options."""
         return AXES + tuple(self.option_axes)
 
-    @property
-    def base_dir(self) -> Path:
-        return self.base
-
 
 def _validation_message(source: yamlsrc.Source, exc: ValidationError, prefix: tuple = ()) -> str:
     return yamlsrc.validation_message(source, exc, prefix, hints={"matrix": f"allowed axes: {', '.join(AXES)}"})

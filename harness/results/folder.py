@@ -171,7 +171,7 @@ class ResultsFolder:
                 "fingerprint": fp,
                 "name": loaded.experiment.name,
                 "source": str(loaded.path),
-                "base": str(loaded.base_dir),
+                "base": str(loaded.base),
                 "adopted_at": datetime.now(timezone.utc).isoformat(),
                 "snapshot": loaded.snapshot,
             }]

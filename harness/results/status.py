@@ -98,6 +98,12 @@ def folder_status(folder: ResultsFolder, cells: list[Cell] | None = None) -> Fol
     current = {c.id for c in cells}
     stale = [p.stem for p in folder.store.cell_files() if p.stem not in current]
     partial = folder.partial() if folder.has_manifest() else {}
-    ran = [c.id for c in cells if folder.store.cell_path(c.id).is_file()]
-    info = folder.store.read_rows(columns=["engine_info"], cell_ids=ran)["engine_info"] if ran else []
-    return FolderStatus(cells, cell_states(cells, folder.store), stale, partial, auto_fallbacks(info))
+    states = cell_states(cells, folder.store)
+    info: list[str] = []
+    for s in states:
+        if s.state != "missing":
+            try:
+                info += list(folder.store.read_cell(s.cell.id, ["engine_info"])["engine_info"].astype(str).unique())
+            except HarnessError:  # a damaged file: its state says so already
+                pass
+    return FolderStatus(cells, states, stale, partial, auto_fallbacks(info))

@@ -139,7 +139,6 @@ WHERE_MADE = tuple(n for n in provenance_fields.NAMES if ROW_SCHEMA.field(n).typ
 #: the key of a cell file's metadata that records its landing (run_id, writer, written_at, statuses)
 LANDING_KEY = b"harness.landing"
 
-STATUSES = ("ok", "failed", "unsupported", "skipped")
 #: statuses a rerun does not redo: the run happened, or the engine's declared rules refuse it
 DONE_STATUSES = frozenset({"ok", "unsupported"})
 
@@ -377,10 +376,6 @@ class Store:
 
     def write_meta(self, name: str, content: str) -> None:
         self.atomic_write(self.root / name, lambda tmp: tmp.write_text(content, encoding="utf-8"))
-
-    def read_meta(self, name: str) -> dict[str, Any] | None:
-        path = self.root / name
-        return json.loads(path.read_text()) if path.is_file() else None
 
     def clean_stale(self) -> int:
         """Remove temporary files (of cells and checkpoints) whose writer, a process of this host, is gone."""

@@ -105,6 +105,6 @@ def check_experiment(loaded: LoadedExperiment, server_binary: str | None = None)
                                            False, cls.install))
             continue
         mine = [c for c in cells if c["engine"] == engine]
-        report.findings.extend(cls.needs(facts[engine], mine, options.get(engine, {}), wants_gpu, loaded.base_dir))
+        report.findings.extend(cls.needs(facts[engine], mine, options.get(engine, {}), wants_gpu, loaded.base))
     return report
 

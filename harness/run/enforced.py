@@ -85,3 +85,18 @@ def contradiction(engine: str, gpu: str, batch_invariant: bool, state: dict[str,
         return (f"asked batch_invariant {str(batch_invariant).lower()}; {engine}'s model worker reports the "
                 f"batch-invariant kernels {'on' if active else 'off'}")
     return None
+
+
+def device_environment(gpu: str, gpus: list[dict[str, str]], count: int = 1,
+                       environ: dict[str, str] | None = None) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a group's worker and the servers it starts. `gpu: cpu` sees no GPU (a
+    CUDA build of llama.cpp would otherwise offload large prefill batches to one, while the rows say
+    cpu); a GPU type sees the first `count` visible GPUs of that type, by UUID (llama.cpp would
+    otherwise split the layers over every visible GPU); `any` is left as it is."""
+    if gpu == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    if gpu == "any":
+        return {}
+    chosen = [g for g in visible_gpus(gpus, environ) if gpu_names.matches(gpu, g.get("name", ""))][:max(1, count)]
+    ids = [g.get("uuid", "") for g in chosen]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)} if chosen and all(ids) else {}

@@ -108,6 +108,8 @@ def _relay(line: bytes, reporter: Any) -> None:
         return
     if "advance" in event:
         reporter.advance(int(event["advance"]))
+    if "cell" in event:
+        reporter.cell_done(str(event["cell"]), str(event.get("status", "")))
     if "log" in event:
         reporter.log(str(event["log"]))
 

@@ -14,6 +14,7 @@ from typing import Protocol
 from harness.results import provenance
 from harness.experiment.config import LoadedExperiment
 from harness.engines.registry import engine_class
+from harness.run.enforced import device_environment
 from harness.run.launch import launch
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
 from harness.core.redaction import scrub, secret_values
@@ -27,14 +28,16 @@ from harness.run.worker import WorkOrder
 class Reporter(Protocol):
     """Where progress goes; the CLI gives a rich progress bar, tests a silent one."""
 
-    def start(self, total: int) -> None: ...
+    def start(self, total: int, cells: int = 0) -> None: ...
     def advance(self, n: int) -> None: ...
+    def cell_done(self, cell_id: str, status: str) -> None: ...
     def log(self, message: str) -> None: ...
 
 
 class SilentReporter:
-    def start(self, total: int) -> None: ...
+    def start(self, total: int, cells: int = 0) -> None: ...
     def advance(self, n: int) -> None: ...
+    def cell_done(self, cell_id: str, status: str) -> None: ...
     def log(self, message: str) -> None: ...
 
 
@@ -95,6 +98,7 @@ class Runner:
             if not landing.written and status != "skipped":
                 self.reporter.log(f"cell {cell.id}: {landing.reason}")
             self.reporter.advance(per_cell)
+            self.reporter.cell_done(cell.id, status)
 
     def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker, gpus: list[dict[str, str]],
                    force: bool, label: str = "") -> None:
@@ -116,7 +120,8 @@ class Runner:
         log_path = self.store.root / "logs" / f"{grp.id}.log"
         order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path),
                           checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus), label=label)
-        env = cls.environment(grp.spec) | {LOG_DIR_ENV: str(log_path.parent.resolve())}
+        pinned = device_environment(grp.spec.gpu, gpus, int(grp.spec.options.get("tensor_parallel_size") or 1))
+        env = cls.environment(grp.spec) | pinned | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
         secrets = secret_values(grp.spec.options)
         for path in log_path.parent.glob("*.log") if secrets else ():  # the worker's and its servers' logs
@@ -140,7 +145,7 @@ class Runner:
             if pending:
                 todo.append((grp, pending))
         per_cell = len(self.loaded.prompt_set.prompts) * self.loaded.experiment.repeats
-        self.reporter.start(sum(len(p) for _, p in todo) * per_cell)
+        self.reporter.start(sum(len(p) for _, p in todo) * per_cell, sum(len(p) for _, p in todo))
         if result.skipped_done:
             self.reporter.log(f"{len(result.skipped_done)} cell(s) already done; skipped (use --force to redo)")
         gpus = provenance.detect_gpus()  # once per run: routing and provenance share the answer

@@ -58,10 +58,13 @@ class PipeReporter:
     def _send(self, **event: Any) -> None:
         self._out.write(json.dumps(event) + "\n")
 
-    def start(self, total: int) -> None: ...
+    def start(self, total: int, cells: int = 0) -> None: ...
 
     def advance(self, n: int) -> None:
         self._send(advance=n)
+
+    def cell_done(self, cell_id: str, status: str) -> None:
+        self._send(cell=cell_id, status=status)
 
     def log(self, message: str) -> None:
         self._send(log=message)
@@ -122,6 +125,8 @@ class GroupRunner:
         landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force)
         if not landing.written:
             self.reporter.log(f"cell {cell.id}: {landing.reason}")
+        statuses = {r["status"] for r in rows}
+        self.reporter.cell_done(cell.id, "ok" if statuses == {"ok"} else "/".join(sorted(statuses)))
 
     def _taken(self, cell: Cell) -> bool:
         """True when another task landed this cell done since this run chose it (it is not redone)."""
@@ -327,7 +332,7 @@ class GroupRunner:
         self.reporter.log(f"loading {self.order.label or f'{spec.engine} / {spec.model}'}")
         since = self._log_size()
         try:
-            engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base_dir)
+            engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base)
         except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
             message = self._explain(exc, since)
             # Only the engine's own refusal is 'unsupported'; a load that broke (missing or bad

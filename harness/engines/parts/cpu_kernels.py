@@ -25,7 +25,6 @@ from typing import Callable
 
 from harness.core.log import Log
 
-EXTRA_BUFTS = ("auto", "on", "off")
 #: the signals a kernel that does not suit the CPU dies of
 CRASH_SIGNALS = (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE)
 #: where the answers of earlier probes are kept (per host, build and model file)

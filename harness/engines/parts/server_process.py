@@ -151,6 +151,19 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return arm
 
 
+def _how(code: int) -> str:
+    """How a process ended, a crash by signal named with what to try."""
+    if code >= 0:
+        return f"with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"killed by signal {-code}"
+    hint = ("; a llama.cpp server may be running kernels this CPU cannot (AMX, repacked weights): try --no-repack"
+            if name in ("SIGILL", "SIGSEGV", "SIGBUS") else "")
+    return f"killed by signal {name}{hint}"
+
+
 class ManagedServer:
     """Start `args`, wait until GET `health_url` answers 200, stop the process group on close."""
 
@@ -184,7 +197,7 @@ class ManagedServer:
         while time.monotonic() < deadline:
             code = self.proc.poll()
             if code is not None:
-                raise RuntimeError(f"server exited at start with code {code}: {self.log_tail()}")
+                raise RuntimeError(f"server exited at start {_how(code)}: {self.log_tail()}")
             try:
                 request = urllib.request.Request(self.health_url, headers=self.headers)
                 with urllib.request.urlopen(request, timeout=2) as response:
