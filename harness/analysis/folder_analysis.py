@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from harness.analysis import answer_metrics, by_setting, metrics, near_ties, survival
-from harness.core.errors import UsageError
-from harness.experiment.config import option_axis
 from harness.results import provenance_fields
 from harness.run.probes import PROBE_COLUMNS
 from harness.results.folder import Results
@@ -183,14 +181,3 @@ TABLES: dict[str, tuple[str, str, bool]] = {
     "flips_by_margin": ("flips_by_margin", "flips_by_margin", False),
 }
 
-
-def refuse_reference(reference: list[str], reference_run: str, swept_options: Iterable[str]) -> None:
-    """Before a run: a `--reference` or `--reference-run` that the summary after it could not use is
-    refused now, before an engine loads, not after the GPU hours. An unswept engine option as the
-    reference would make every cell its own reference."""
-    metrics.refuse_reference_run(reference_run)
-    swept = list(swept_options)
-    unswept = [a for a in metrics.parse_reference(reference) if option_axis(a) and a not in swept]
-    if unswept:
-        raise UsageError(f"--reference {unswept[0]}: the experiment does not sweep {unswept[0]}; swept engine "
-                         f"options: {', '.join(swept) or 'none'}")

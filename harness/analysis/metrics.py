@@ -16,15 +16,12 @@ import pandas as pd
 
 from harness.results import provenance_fields
 from harness.experiment.config import AXES, option_axis
-from harness.experiment.settings_args import parse_settings
+from harness.analysis.reference_rules import (DEFAULT_REFERENCE, REFERENCE_RUNS, parse_reference,  # noqa: F401
+                                              refuse_reference_run)
 from harness.core.errors import HarnessError, UsageError
 
 #: Columns that identify comparable settings (a cell, minus the ids).
 KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
-DEFAULT_REFERENCE: dict[str, Any] = {"batch_size": 1}
-#: how the reference cell's run of a prompt is chosen: its first ok run, or its most frequent output
-#: (ties broken by run order); `--reference-run`
-REFERENCE_RUNS: tuple[str, ...] = ("first", "modal")
 
 
 def option_columns(frame: pd.DataFrame) -> list[str]:
@@ -258,17 +255,6 @@ def prompt_upper95(diverged: Sequence[int], compared: Sequence[int], seed: int =
     pick = np.random.default_rng(seed).integers(0, len(n), size=(CLUSTER_DRAWS, len(n)))
     rates = d[pick].sum(axis=1) / n[pick].sum(axis=1)
     return float(max(np.percentile(rates, 95), upper95(total, int(n.sum())) or 0.0))
-
-
-def parse_reference(items: Iterable[str], option: str = "--reference") -> dict[str, Any]:
-    """'axis=value' strings -> typed overrides; empty -> the default (batch_size=1)."""
-    return parse_settings(items, option) or dict(DEFAULT_REFERENCE)
-
-
-def refuse_reference_run(rule: str) -> None:
-    """A UsageError naming the allowed rules, for a `--reference-run` that is not one."""
-    if rule not in REFERENCE_RUNS:
-        raise UsageError(f"--reference-run {rule}: allowed: {', '.join(REFERENCE_RUNS)}")
 
 
 def reference_repeats(ok: pd.DataFrame, rule: str = "first") -> pd.DataFrame:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -79,7 +81,7 @@ def run(
     Cells that are done (ok, or refused by the engine's rules) are skipped; failed ones and ones
     skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
     """
-    from harness.analysis.folder_analysis import refuse_reference
+    from harness.analysis.reference_rules import refuse_reference
     from harness.experiment.matrix import expand, group, refuse_ignored
     from harness.experiment.selection import Selection, apply, parse_shard
     from harness.experiment.settings_args import parse_settings
@@ -103,6 +105,9 @@ def run(
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
     folder = ResultsFolder(out)
+    if summary:  # the summary's libraries (pandas) load while the engine worker runs, not after it
+        threading.Thread(target=importlib.import_module, args=("harness.analysis.folder_analysis",),
+                         daemon=True).start()
     screen = console()
     shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
     screen.print(f"[bold]{loaded.experiment.name}[/bold] -> {shown}")
