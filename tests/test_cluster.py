@@ -304,3 +304,9 @@ def test_real_slurm_keeps_every_comparison_in_one_task_and_check_sees_a_cancelle
     check = subprocess.run([sys.executable, "-m", "harness", "check", "cut"], cwd=tmp_path, capture_output=True,
                            text=True, env={**os.environ, "COLUMNS": "400"})  # one verdict a line
     assert check.returncode == 1 and "4 selected cell(s) never ran" in check.stdout, check.stdout
+
+
+def test_pbs_memory_without_a_unit_is_megabytes_as_for_slurm():
+    from harness.run.cluster import pbs_memory
+
+    assert pbs_memory("16000") == "16000mb" and pbs_memory("16G") == "16gb" and pbs_memory("512MB") == "512mb"

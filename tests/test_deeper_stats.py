@@ -284,3 +284,4 @@ def test_per_setting_counts_and_bounds_on_real_rows_equal_a_count_from_the_rows(
             assert got.upper95_prompts == pytest.approx(1 - 0.05 ** (1 / runs.prompt_id.nunique()))
         else:  # prompts as the unit never claim more than the pooled runs
             assert got.upper95_prompts >= got.upper95_pooled >= diverged / len(runs)
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pandas as pd
 import pytest
 
@@ -190,3 +191,30 @@ def test_verdict_lines_keep_settings_an_engine_does_not_have():
     assert len(lines) == 6
     assert "engine=vllm, batch_size=8: 2/3 runs identical to the reference, first divergence at token 5" in "\n".join(lines)
     assert not any("nan" in line or "None" in line for line in lines)
+
+
+def test_a_verdict_says_half_departed_only_when_half_did():
+    """Identical runs that stop early leave the curve's risk set: its median can fall below 0.5 while
+    most runs stayed identical. The line then names the Kaplan-Meier median for what it is."""
+    import pandas as pd
+
+    from harness.report.table import verdict_lines
+
+    summary = pd.DataFrame({"engine": ["llamacpp"] * 2, "batch_size": [1, 4], "runs": [8, 8],
+                            "reference_cell": ["a", "a"], "reference": ["batch_size=1"] * 2})
+    base = {"engine": "llamacpp", "prompts": 5, "first_divergence_min": 3, "median_tokens_to_divergence": 7,
+            "upper95_prompts": 0.5, "upper95_pooled": 0.3, "logprobs_compared": 0}
+    few = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 2}])
+    most = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 5}])
+    (line,) = verdict_lines(summary, few)
+    assert "half departed by" not in line and "Kaplan-Meier median 7 tokens among the runs still going" in line
+    (line,) = verdict_lines(summary, most)
+    assert "half departed by token 7" in line
+
+
+def test_a_split_at_the_first_step_compares_no_log_probability():
+    from harness.analysis.metrics import logprob_difference
+
+    first, largest = logprob_difference([-0.1, -0.2], [-0.3, -0.2], 0)
+    assert first is None and math.isnan(largest)  # not compared, never "0.0 apart"
+    assert logprob_difference([-0.1, -0.2], [-0.1, -0.25], 2)[0] == 1

@@ -50,3 +50,23 @@ def test_a_key_is_no_part_of_a_cell_id_and_the_snapshot_expands_to_the_same_cell
     folder.adopt(one)
     assert "KEY@" not in folder.manifest_path.read_text()
     assert [c.id for c in folder.current_cells()] == [c.id for c in expand(one)]
+
+
+def test_url_credentials_and_a_bearer_key_are_one_or_the_other(tmp_path):
+    """user:password@ in base_url is sent as HTTP Basic auth; with api_key_env too the options are
+    refused at load, naming the field, and the password is not in the message."""
+    import pytest
+
+    from harness.core.errors import ConfigError
+    from harness.engines.openai import _without_credentials
+    from harness.experiment.config import load_experiment
+
+    url, basic = _without_credentials("http://alice:s3cr%40t@127.0.0.1:9/openai/v1")
+    assert url == "http://127.0.0.1:9/openai/v1" and basic == "YWxpY2U6czNjckB0"  # base64 of alice:s3cr@t
+    assert _without_credentials("http://127.0.0.1:9/v1") == ("http://127.0.0.1:9/v1", "")
+    (tmp_path / "exp.yaml").write_text(
+        "name: both\nprompts: [{id: a, text: hi}]\nmatrix: {model: [m], engine: [openai]}\n"
+        "engine_options:\n  openai: {base_url: 'http://alice:s3cret@127.0.0.1:9/v1', api_key_env: KEY}\n")
+    with pytest.raises(ConfigError, match="give one of them") as err:
+        load_experiment(tmp_path / "exp.yaml", model_files=False)
+    assert "s3cret" not in str(err.value) and "exp.yaml:5" in str(err.value)

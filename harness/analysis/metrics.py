@@ -392,8 +392,11 @@ def against_reference(
 
 
 def logprob_difference(a: Sequence[float], b: Sequence[float], steps: int) -> tuple[int | None, float]:
-    """(first step whose log-probabilities are not bitwise equal, largest |difference|) over `steps` steps."""
+    """(first step whose log-probabilities are not bitwise equal, largest |difference|) over `steps` steps;
+    the difference is NaN (not compared), not 0.0, when no step is shared before the split."""
     n = min(len(a), len(b), steps)
+    if n == 0:  # the runs part at their first step (or one has none): no step was compared
+        return None, float("nan")
     x = np.asarray(a[:n], dtype=np.float32)
     y = np.asarray(b[:n], dtype=np.float32)
     unequal = x.view(np.uint32) != y.view(np.uint32)  # bitwise: NaN equals the same NaN, -0.0 is not 0.0

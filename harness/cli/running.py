@@ -197,6 +197,7 @@ def submit(
     from harness.results.folder import ResultsFolder
     from harness.run import cluster
 
+    allowed("--scheduler", scheduler, cluster.SCHEDULERS)  # before anything is read or adopted
     loaded = load_experiment(experiment)
     refuse_ignored(loaded, expand(loaded))
     out = out or Path("results") / loaded.experiment.name

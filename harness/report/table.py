@@ -85,8 +85,12 @@ def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -
         text = f"{label}: {compared - diverged}/{compared} runs identical to the reference"
         if diverged:
             text += f", first divergence at token {int(rec['first_divergence_min'])} at the earliest"
-            if not pd.isna(rec.get("median_tokens_to_divergence")):
-                text += f", half departed by token {int(rec['median_tokens_to_divergence'])}"
+            median = rec.get("median_tokens_to_divergence")
+            if not pd.isna(median) and 2 * diverged >= compared:
+                text += f", half departed by token {int(median)}"
+            elif not pd.isna(median):  # the curve's median counts only runs still going that far
+                text += (f", Kaplan-Meier median {int(median)} tokens among the runs still going that far "
+                         f"(fewer than half departed)")
         bound, pooled = rec["upper95_prompts"], rec["upper95_pooled"]
         if pd.isna(bound):
             text += (f"; no bound with prompts as the unit from {int(rec['prompts'])} prompt "

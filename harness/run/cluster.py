@@ -83,11 +83,18 @@ def render_slurm(name: str, gpu: str, shards: int, cluster: Cluster, command: st
     return "\n".join(lines)
 
 
+def pbs_memory(mem: str) -> str:
+    """`cluster.mem` as PBS writes it: a number without a unit means megabytes, as it does to SLURM
+    (PBS would read '16000' as bytes)."""
+    text = mem.strip().lower().rstrip("b")
+    return f"{text}mb" if text.isdigit() else f"{text}b"
+
+
 def render_pbs(name: str, gpu: str, shards: int, cluster: Cluster, command: str, logs: Path) -> str:
     res = cluster.gpus.get(gpu)
     count = _gpu_count(gpu, res)
     select = res.select if res is not None and res.select else (
-        f"select=1:ncpus={cluster.cpus}:mem={cluster.mem.lower().rstrip('b')}b" + (f":ngpus={count}" if count else "")
+        f"select=1:ncpus={cluster.cpus}:mem={pbs_memory(cluster.mem)}" + (f":ngpus={count}" if count else "")
     )
     lines = [
         "#!/bin/bash",
