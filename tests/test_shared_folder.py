@@ -79,10 +79,12 @@ class _LandsMeanwhile:
     def __init__(self, folder: ResultsFolder, cell_id: str, status: str) -> None:
         self.folder, self.cell_id, self.status, self.logs = folder, cell_id, status, []
 
-    def start(self, total: int) -> None:
+    def start(self, total: int, cells: int = 0) -> None:
         self.folder.write_cell(self.cell_id, _rows(self.cell_id, self.status, 2 * 2), "other-task")
 
     def advance(self, n: int) -> None: ...
+
+    def cell_done(self, cell_id: str, status: str) -> None: ...
 
     def log(self, message: str) -> None:
         self.logs.append(message)

@@ -135,9 +135,12 @@ class Analysis:
 
     @cached_property
     def notes(self) -> list[str]:
-        """What the loads chose by themselves (llama.cpp's extra buffers off under auto), from the rows."""
+        """What the loads chose by themselves (llama.cpp's extra buffers off under auto) and the CPU
+        kernel paths the rows were computed in, from the rows."""
         rows = self.rows
-        return auto_fallbacks(rows["engine_info"].astype(str)) if "engine_info" in rows else []
+        notes = auto_fallbacks(rows["engine_info"].astype(str)) if "engine_info" in rows else []
+        paths = sorted({str(p) for p in rows["cpu_kernels"].dropna().unique() if str(p)}) if "cpu_kernels" in rows else []
+        return notes + [f"cpu kernels: {p}" for p in paths]
 
     def missing(self) -> pd.DataFrame | None:
         """The current experiments' cells that have no file yet (their settings and id), or None."""

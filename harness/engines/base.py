@@ -19,6 +19,16 @@ class EngineOptions(BaseModel):
     """Base for per-engine options: unknown keys are errors, never silently ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    #: options added after results existed: at their default they stay out of cell ids, so the
+    #: cells of existing folders keep their ids (as later axes do)
+    added_later: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def identity(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options as cell ids hash them: those added later left out while at their default."""
+        fields = cls.model_fields
+        return {k: v for k, v in options.items()
+                if not (k in cls.added_later and k in fields and v == fields[k].default)}
 
 
 @dataclass(frozen=True)

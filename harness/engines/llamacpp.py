@@ -60,6 +60,7 @@ def backends(system_info: str) -> list[str]:
     return list(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][A-Za-z0-9_]*) : ", system_info)))
 
 class LlamaCppOptions(EngineOptions):
+    added_later = ("extra_bufts",)
     n_gpu_layers: int | None = Field(
         None, ge=-1, description="layers offloaded to a GPU; -1 = all; default: all, or none for gpu: cpu")
     n_threads: int | None = Field(None, ge=1, description="decode threads; default: all cores")
@@ -186,8 +187,13 @@ class LlamaCppEngine(Engine):
                                  "gpu: cpu"))
         if any(c["dtype"] != "auto" for c in cells) and importlib.util.find_spec("gguf") is None:
             found.append(Finding(cls.name, "dtype f16/bf16/f32 copies need the gguf package", False, models.INSTALL_GGUF))
-        for model in dict.fromkeys(c["model"] for c in cells):
-            found.append(cls._trial(model, options, facts.get("system_info", ""), base))
+        prefix = f"{cls.name}."
+        trials = {}  # each model with each swept value of this engine's options, tried once
+        for c in cells:
+            swept = {k[len(prefix):]: v for k, v in c.items() if k.startswith(prefix)}
+            trials.setdefault((c["model"], tuple(sorted(swept.items()))), options | swept)
+        for (model, _), merged in trials.items():
+            found.append(cls._trial(model, merged, facts.get("system_info", ""), base))
         return found
 
     @classmethod

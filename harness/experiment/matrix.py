@@ -11,7 +11,7 @@ from typing import Any
 from harness.experiment import yamlsrc
 from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME, LATER_AXES_DEFAULTS, LOAD_AXES
 from harness.experiment.config import LoadedExperiment, Matrix, option_axis, option_value
-from harness.engines.registry import engine_class
+from harness.engines.registry import engine_class, options_model
 from harness.engines.base import Ignore, LoadSpec, Refuse, Sampling
 from harness.core.errors import ConfigError
 from harness.core.redaction import redact
@@ -138,7 +138,9 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
                 options[option] = option_value(axis, settings[axis])[0]
             else:
                 settings[axis] = None
-        stored = redact(options)  # ids hash what may be stored: a credential is never part of one
+        # ids hash what may be stored (a credential is never part of one), without options added
+        # later that sit at their default (older results keep their ids)
+        stored = options_model(settings["engine"]).identity(redact(options))
         group_key = {a: settings[a] for a in LOAD_AXES} | {"options": stored,
                                                            "prefix_caching": settings["prefix_cache"] != "off"}
         # axes added later enter the id only away from their default: older results keep their ids

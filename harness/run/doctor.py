@@ -104,7 +104,7 @@ def check_experiment(loaded: LoadedExperiment, server_binary: str | None = None)
             report.findings.append(Finding(engine, f"needed by the experiment, not usable: {facts[engine]['error']}",
                                            False, cls.install))
             continue
-        mine = [c for c in cells if c["engine"] == engine]
+        mine = [c.as_dict for c in cells if c["engine"] == engine]
         report.findings.extend(cls.needs(facts[engine], mine, options.get(engine, {}), wants_gpu, loaded.base))
     return report
 
