@@ -116,6 +116,10 @@ def test_a_gateway_prefix_with_basic_auth_and_a_wrong_root_named(servers, tmp_pa
     assert (rows.status == "ok").all(), rows.error.unique()
     assert {json.loads(info)["api_root"] for info in rows.engine_info} == {f"http://127.0.0.1:{gw}{PREFIX}/v1"}
     assert any(p == f"{PREFIX}/v1/chat/completions" for p in seen)
+    # the swept URL's password reached the gateway, and no file of the results folder
+    stored = [f for f in store.root.rglob("*") if f.is_file()]
+    assert stored and not [f for f in stored if PASSWORD.encode() in f.read_bytes()]
+    assert {u.replace(f"{USER}:{PASSWORD}", "<redacted>") for u in urls} == set(rows["openai.base_url"])
     # without the credentials the gateway says 401, and the error names both roots tried, no password
     bad = _run(tmp_path, "unauthorised", [f"http://127.0.0.1:{gw}{PREFIX}"]).read_rows()
     assert (bad.status == "failed").all()

@@ -360,8 +360,9 @@ def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
     inline["prompts"] = [p.as_data() for p in prompt_set.prompts]
     inline["fillers"] = [f.text for f in prompt_set.fillers]
     inline.pop("parse", None)  # each prompt carries its own rule now
-    if "engine_options" in inline:  # the snapshot is stored (manifest, experiment.yaml): no credentials
-        inline["engine_options"] = redact(inline["engine_options"])
+    for key in ("engine_options", "matrix", "include"):  # the snapshot is stored (manifest, experiment.yaml):
+        if key in inline:  # no credentials, swept engine options included
+            inline[key] = redact(inline[key])
     return json.loads(json.dumps(inline, default=str))  # plain JSON types only
 
 

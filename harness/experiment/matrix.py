@@ -136,6 +136,8 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
             engine, option = option_axis(axis)  # type: ignore[misc]
             if engine == settings["engine"]:
                 options[option] = option_value(axis, settings[axis])[0]
+                # the engine gets the real value; the cell's settings are stored (rows, status, ids)
+                settings[axis] = redact(settings[axis], option)
             else:
                 settings[axis] = None
         # ids hash what may be stored (a credential is never part of one), without options added
