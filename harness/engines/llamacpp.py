@@ -197,6 +197,16 @@ class LlamaCppEngine(Engine):
         return found
 
     @classmethod
+    def kernel_choice(cls, option: str, model: Path, model_sha256: str, system_info: str, threads: int,
+                      log: Log) -> tuple[cpu_kernels.Choice, cpu_kernels.Probe, str]:
+        """The extra-buffer choice for a load of `model` (what a run and doctor both ask), with the
+        probe behind it and the key its answers are kept under (host, this build, the model file)."""
+        probe = cpu_kernels.probe_child(model, threads)
+        key = cpu_kernels.cache_key("llama-cpp-python", metadata.version("llama-cpp-python"), system_info, model_sha256)
+        amx = cpu_kernels.has_amx(system_info) or cpu_kernels.cpu_reports_amx()
+        return cpu_kernels.choose(option, amx, probe, models.cache_dir(), key, log), probe, key
+
+    @classmethod
     def _trial(cls, model: str, options: dict[str, Any], system_info: str, base: Path | None) -> Finding:
         """The experiment's model decoded here in a child process (a batch of 2, prefills over 128
         tokens), with the extra-buffer setting a run would choose: a crash fails doctor."""
@@ -207,11 +217,8 @@ class LlamaCppEngine(Engine):
             return Finding(what, f"the model cannot be found: {exc}", False)
         opts = LlamaCppOptions.model_validate(options)
         threads = opts.n_threads or os.cpu_count() or 1
-        probe = cpu_kernels.probe_child(path, threads)
-        key = cpu_kernels.cache_key("llama-cpp-python", metadata.version("llama-cpp-python"), system_info,
-                                    models.file_sha256(path))
-        choice = cpu_kernels.choose(opts.extra_bufts, cpu_kernels.has_amx(system_info) or cpu_kernels.cpu_reports_amx(),
-                                    probe, models.cache_dir(), key, lambda _: None)
+        choice, probe, key = cls.kernel_choice(opts.extra_bufts, path, models.file_sha256(path), system_info, threads,
+                                               lambda _: None)
         code = cpu_kernels.probed(models.cache_dir(), key, choice.use_extra, probe, lambda _: None)[0]
         if code != 0:
             died = cpu_kernels.signal_name(code) if code < 0 else f"exit code {code}"
@@ -242,10 +249,8 @@ class LlamaCppEngine(Engine):
         ll.llama_backend_init()
         self.n_threads = self.opts.n_threads or os.cpu_count() or 1
         self.system_info = ll.llama_print_system_info().decode(errors="replace").strip()
-        self.extra = cpu_kernels.choose(
-            self.opts.extra_bufts, cpu_kernels.has_amx(self.system_info) or cpu_kernels.cpu_reports_amx(),
-            cpu_kernels.probe_child(self.model_path, self.n_threads), models.cache_dir(),
-            cpu_kernels.cache_key("llama-cpp-python", ll.__version__, self.system_info, self.model_sha256), log)
+        self.extra = self.kernel_choice(self.opts.extra_bufts, self.model_path, self.model_sha256, self.system_info,
+                                        self.n_threads, log)[0]
         if self.extra.warning:
             log(self.extra.warning)
         mparams = ll.llama_model_default_params()
