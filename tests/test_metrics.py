@@ -218,3 +218,41 @@ def test_a_split_at_the_first_step_compares_no_log_probability():
     first, largest = logprob_difference([-0.1, -0.2], [-0.3, -0.2], 0)
     assert first is None and math.isnan(largest)  # not compared, never "0.0 apart"
     assert logprob_difference([-0.1, -0.2], [-0.1, -0.25], 2)[0] == 1
+
+
+def test_the_gate_sees_refused_cells_and_names_their_reasons(tmp_path):
+    """A rule that selects cells the engine refused (unsupported) fails, listing each reason, unless
+    it says allow_unsupported: true; the rest of the selection is judged either way."""
+    import json
+
+    import yaml
+
+    from .conftest import row_for, run_harness, synthetic_folder
+
+    folder, cells = synthetic_folder(tmp_path / "out", ["p1", "p2"], {"batch_size": [1, 2, 4]}, repeats=2)
+    why = {2: "kv_cache_dtype q8_0 needs flash attention (flash_attn: on)", 4: "batch 4 > max_num_seqs 2"}
+    for cell in cells:
+        size = cell["batch_size"]
+        rows = [row_for(cell, p, r, [1, 2, 3]) if size == 1 else row_for(cell, p, r, status="unsupported",
+                                                                          error=why[size])
+                for p in ("p1", "p2") for r in range(2)]
+        folder.write_cell(cell.id, rows, "t")
+    rules = tmp_path / "rules.yaml"
+
+    def check(*rule: dict) -> list[dict]:
+        rules.write_text(yaml.safe_dump({"expect": list(rule)}))
+        out = run_harness("check", str(folder.root), "--expect", str(rules), "--format", "json")
+        verdicts = json.loads(out.stdout)["verdicts"]
+        assert out.returncode == (0 if all(v["passed"] for v in verdicts) else 1), out.stderr
+        return verdicts
+
+    refused, everything = check({"where": {"batch_size": 2}, "match_rate_min": 1.0}, {"match_rate_min": 1.0})
+    assert not refused["passed"] and "1 selected cell(s) were refused (unsupported)" in refused["detail"]
+    assert why[2] in refused["detail"] and why[4] not in refused["detail"]
+    assert not everything["passed"] and why[2] in everything["detail"] and why[4] in everything["detail"]
+    assert "2 selected cell(s)" in everything["detail"]
+    allowed, expected = check({"match_rate_min": 1.0, "allow_unsupported": True},
+                              {"where": {"batch_size": 4}, "status": "unsupported"})
+    assert allowed["passed"] and expected["passed"]
+    only_refused = check({"where": {"batch_size": 2}, "match_rate_min": 1.0, "allow_unsupported": True})[0]
+    assert not only_refused["passed"] and "judged nothing" in only_refused["detail"]

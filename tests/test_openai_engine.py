@@ -77,15 +77,18 @@ def test_openai_options_need_exactly_one_server(write):
         load_experiment(write("exp.yaml", _experiment("base_url: localhost:8000")))
 
 
-def test_credentials_reach_the_server_and_no_stored_file(write, tmp_path, monkeypatch):
-    """A key in the launch arguments, a password in a base_url and a token in another engine's options:
-    the key-protected server turns healthy (the key goes with every request) and no file of the results
-    folders, their logs or their reports holds any of them."""
+def test_credentials_reach_the_server_and_no_stored_file_or_output(write, tmp_path, monkeypatch):
+    """Known secrets written through every path: a key in launch arguments (inline, and as ${NAME}), a
+    password in a base_url (inline, and as ${NAME}), a token in another engine's options and in a cluster
+    setup line, and a server whose error output quotes its key. The key-protected server turns healthy (the
+    key goes with every request), and no file of the results folders (rows, manifests, logs, reports, JUnit)
+    nor the output of any command holds any of them."""
     from harness.engines.llama_server import find_binary
     from harness.engines.parts.server_process import free_port
 
     key, password, token = "sk-harness-test-KEY-1234", "pw-harness-test-5678", "hf_harness_test_TOKEN_9012"
     monkeypatch.setenv("HARNESS_TEST_KEY", key)
+    monkeypatch.setenv("HARNESS_TEST_PASSWORD", password)
     write("prompts.yaml", PROMPTS)
     experiment = """
         name: secrets
@@ -95,24 +98,43 @@ def test_credentials_reach_the_server_and_no_stored_file(write, tmp_path, monkey
         engine_options:
           openai: {{{server}}}
           vllm: {{extra: {{hf_token: {token}}}}}
+        cluster: {{setup: ["export HF_TOKEN={token}", "pip install --index-url https://me:{password}@pypi.corp/simple x"]}}
+        expect: [{{unique_outputs: 1}}]
         """
-    launch = (f'launch: [{find_binary(None)}, -m, "{{model}}", --port, "{{port}}", --api-key, {key}, -t, "1", --no-repack], '
-              "api_key_env: HARNESS_TEST_KEY")
-    write("launched.yaml", experiment.format(server=launch, token=token))
-    write("remote.yaml", experiment.format(server=f'base_url: "http://harness:{password}@127.0.0.1:{free_port()}"',
-                                           token=token))
-    launched = run_harness("run", "launched.yaml", "--out", "launched", cwd=tmp_path)
-    assert launched.returncode == 0, launched.stdout + launched.stderr  # healthy: the key went with the health check
-    rows = Store(tmp_path / "launched").read_rows()
-    assert len(rows) == 2 and (rows.status == "ok").all(), rows.error.unique()
-    remote = run_harness("run", "remote.yaml", "--out", "remote", cwd=tmp_path)
-    assert remote.returncode == 1 and password not in remote.stdout + remote.stderr  # nothing listens there
-    for out in ("launched", "remote"):
-        assert run_harness("report", out, "-o", f"{out}/report.html", cwd=tmp_path).returncode == 0
-    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.parts[len(tmp_path.parts)] in ("launched", "remote")]
-    assert any(p.suffix == ".log" for p in files) and any(p.name == "manifest.json" for p in files)
-    for path in files:
-        data = path.read_bytes()
-        for secret in (key, password, token):
-            assert secret.encode() not in data, f"{secret} in {path}"
+    binary = find_binary(None)
+    servers = {
+        "launched": f'launch: [{binary}, -m, "{{model}}", --port, "{{port}}", --api-key, {key}, -t, "1", --no-repack], '
+                    "api_key_env: HARNESS_TEST_KEY",
+        "referred": f'launch: [{binary}, -m, "{{model}}", --port, "{{port}}", --api-key, "${{HARNESS_TEST_KEY}}", -t, "1", '
+                    '--no-repack], api_key_env: HARNESS_TEST_KEY',
+        "remote": f'base_url: "http://harness:{password}@127.0.0.1:{free_port()}"',
+        "remote-referred": f'base_url: "http://harness:${{HARNESS_TEST_PASSWORD}}@127.0.0.1:{free_port()}/v1"',
+        "quoting": 'launch: [/bin/sh, -c, "echo starting with --api-key $0, Authorization: Bearer $0 >&2; exit 3", '
+                   '"${HARNESS_TEST_KEY}"]',
+    }
+    outputs: list[str] = []
+    for name, server in servers.items():
+        write(f"{name}.yaml", experiment.format(server=server, token=token, password=password))
+        ran = run_harness("run", f"{name}.yaml", "--out", name, cwd=tmp_path)
+        outputs.append(ran.stdout + ran.stderr)
+        rows = Store(tmp_path / name).read_rows()
+        if name in ("launched", "referred"):  # healthy: the key went with the health check and every request
+            assert ran.returncode == 0 and len(rows) == 2 and (rows.status == "ok").all(), rows.error.unique()
+        else:
+            assert ran.returncode == 1 and (rows.status == "failed").all()
+        for command in (["status", name, "--format", "json"], ["summarize", name, "--format", "json"],
+                        ["check", name, "--junit", f"{name}/junit.xml"], ["report", name, "-o", f"{name}/report.html"],
+                        ["submit", f"{name}.yaml", "--scheduler", "slurm", "--dry-run"], ["plan", f"{name}.yaml"]):
+            done = run_harness(*command, cwd=tmp_path)
+            outputs.append(done.stdout + done.stderr)
+    quoted = Store(tmp_path / "quoting").read_rows().error.iloc[0]
+    assert "exited at start" in quoted and "Authorization: Bearer <redacted>" in quoted
+    referred = (tmp_path / "referred" / "experiment.yaml").read_text()
+    assert "${HARNESS_TEST_KEY}" in referred  # a reference is kept as written: a job fills it in from its environment
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.parts[len(tmp_path.parts)] in servers]
+    assert {".log", ".html", ".xml", ".parquet"} <= {p.suffix for p in files}
+    assert any(p.name == "manifest.json" for p in files)
+    for secret in (key, password, token):
+        assert not [p for p in files if secret.encode() in p.read_bytes()], secret
+        assert not [o for o in outputs if secret in o], secret
     assert "<redacted>" in (tmp_path / "launched" / "experiment.yaml").read_text()

@@ -544,5 +544,43 @@ def test_every_declared_provenance_field_is_a_row_column_and_every_role_is_used(
     assert set(provenance_fields.NAMES) <= set(ROW_SCHEMA.names)
     # the machine label reads its columns by position: host, GPU uuid, driver, CUDA
     assert provenance_fields.MACHINE == ("host", "gpu_uuid", "gpu_driver", "cuda_version")
-    assert set(provenance_fields.SAME_LOAD) == {"model_sha256", "engine_version", "host", "gpu_uuid", "cpu_kernels"}
+    assert set(provenance_fields.SAME_LOAD) == {
+        "model_sha256", "engine_version", "schema_version", "host", "gpu_uuid", "gpu_driver", "cuda_version",
+        "library_versions", "harness_version", "git_commit", "engine_info", "cpu_kernels", "env"}
     assert {"model_sha256", "engine_version", "schema_version", "chat_template", "host", "cpu_kernels"} == set(provenance_fields.MIXABLE)
+    assert set(provenance_fields.PAIRED) <= set(provenance_fields.SAME_LOAD)  # a kept row pairs with the new ones
+
+
+def test_merge_lands_by_the_landing_rule_under_the_cell_lock(tmp_path):
+    """A merge copies a cell the way a task lands one: under the cell's lock (it waits for a writer),
+    and never a failed copy over a cell a task landed done meanwhile."""
+    import threading
+    import time
+
+    from harness.results.folder_lock import exclusive
+
+    folder, cells = synthetic_folder(tmp_path / "out", ["p1"], {"batch_size": [1]})
+    cell = cells[0]
+    source, _ = synthetic_folder(tmp_path / "src", ["p1"], {"batch_size": [1]})
+    source.write_cell(cell.id, [row_for(cell, "p1", 0, status="failed", error="x")], "t")
+    folder.write_cell(cell.id, [row_for(cell, "p1", 0, [1, 2])], "task")  # a task landed it done after the plan
+    kept = folder.land_file(cell.id, source.store.cell_path(cell.id), source.store.statuses(cell.id))
+    assert not kept.written and "kept the done cell" in kept.reason
+    assert folder.store.statuses(cell.id) == ["ok"]
+
+    other = cells[0].id + "x"
+    source.store.write_cell(other, [row_for(cell, "p1", 0, [3]) | {"cell_id": other}])
+    held = threading.Event()
+
+    def hold() -> None:
+        with exclusive(folder.store.cells_dir / f".{other}.lock"):
+            held.set()
+            time.sleep(0.5)
+
+    writer = threading.Thread(target=hold)
+    writer.start()
+    held.wait()
+    t0 = time.monotonic()
+    assert folder.land_file(other, source.store.cell_path(other), ["ok"]).written
+    assert time.monotonic() - t0 > 0.4  # it waited for the writer to let go
+    writer.join()

@@ -113,15 +113,40 @@ def test_parse_rules_and_answers_are_read_again_and_more_repeats_run_only_the_ne
     assert sorted(set(made["repeat"])) == [2] and len(made) == 2 * 2
 
 
-def test_runs_of_another_machine_are_not_reused(tmp_path):
+#: a field of the load that made a row, and a value another load (node, driver, build, harness) would give it
+OTHER_LOAD = {
+    "host": "another-node", "gpu_driver": "550.54.15", "cuda_version": "12.4",
+    "engine_info": '{"system_info": "CUDA : ARCHS = 890"}', "library_versions": '{"llama-cpp-python": "0.0.1"}',
+    "git_commit": "0123abcd", "schema_version": 8, "env": '{"OMP_NUM_THREADS": "1"}',
+}
+
+
+def test_runs_of_another_load_are_not_reused_and_kept_runs_keep_what_they_ran_on(tmp_path):
+    """Reuse is pairing: a stored run that differs from the load about to run in any field of
+    SAME_LOAD is generated again; one that matches is kept with its own "what ran"."""
+    from harness.results import provenance_fields
     from harness.results.store import Store
 
-    _run(tmp_path, PROMPTS)
+    assert set(OTHER_LOAD) <= set(provenance_fields.SAME_LOAD)
+    _run(tmp_path, PROMPTS, repeats=3)
     store = Store(tmp_path / "out")
-    for path in store.cell_files():  # as if the first run had happened on another node
-        table = pq.read_table(path)
-        rows = [r | {"host": "another-node"} for r in table.to_pylist()]
+    changed: dict[tuple, str] = {}
+    fields = iter(OTHER_LOAD.items())
+    for path in store.cell_files():  # one stored run per field, each as if another load had made it
+        rows = pq.read_table(path).to_pylist()
+        for row in rows:
+            field, value = next(fields, ("device", "stored-device"))
+            row[field] = value
+            changed[(row["batch_size"], row["prompt_id"], row["repeat"])] = field
         store.write_cell(path.stem, rows)
     more = {**PROMPTS, "prompts": PROMPTS["prompts"] + [{"id": "sky", "text": "Why is the sky blue?"}]}
-    second_id, second = _run(tmp_path, more)
-    assert (second["run_id"] == second_id).all() and len(second) == 3 * 2 * 2
+    second_id, second = _run(tmp_path, more, repeats=3)
+    assert len(second) == 3 * 3 * 2
+    for _, row in second[second["prompt_id"] != "sky"].iterrows():
+        field = changed[(row["batch_size"], row["prompt_id"], row["repeat"])]
+        if field == "device":  # the same load: kept, with the device it was generated on
+            assert row["run_id"] != second_id and row["device"] == "stored-device"
+        else:
+            assert row["run_id"] == second_id, field
+    assert (second[second["run_id"] == second_id]["device"] != "stored-device").all()
+    assert sum(f == "device" for f in changed.values()) == 12 - len(OTHER_LOAD)

@@ -291,3 +291,39 @@ def test_two_harness_runs_into_one_folder_one_killed_lose_and_double_nothing(tmp
     assert len({r["run_id"] for r in landed}) >= 1 and all(r["statuses"] == {"ok": 4} for r in landed)
     assert not (out / "partial").exists()
     assert "ran" in told and "already done" in told
+
+
+def _contend(path: str, inside: str, rounds: int, barrier, index: int, clashes) -> None:
+    """One of several waiters: each round, all meet at a stale lock (a dead holder's) and take it in turn;
+    a second holder inside the lock at once is a clash."""
+    lock = Path(path)
+    for _ in range(rounds):
+        barrier.wait()
+        if index == 0:
+            lock.write_text(f"{socket.gethostname()} 999999999 0 0")
+        barrier.wait()
+        with exclusive(lock, wait_s=30):
+            try:
+                fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                with clashes.get_lock():
+                    clashes.value += 1
+                continue
+            os.close(fd)
+            time.sleep(0.002)
+            os.unlink(inside)
+
+
+def test_many_waiters_at_a_stale_lock_never_hold_it_together(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    waiters, rounds = 6, 25
+    barrier, clashes = ctx.Barrier(waiters), ctx.Value("i", 0)
+    procs = [ctx.Process(target=_contend, args=(str(tmp_path / ".lock"), str(tmp_path / "inside"), rounds, barrier,
+                                                i, clashes)) for i in range(waiters)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    assert [p.exitcode for p in procs] == [0] * waiters
+    assert clashes.value == 0
+    assert not list(tmp_path.glob(".lock*"))  # neither the lock nor a breaker's file is left behind

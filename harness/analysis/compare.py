@@ -22,8 +22,8 @@ from harness.results.folder import Results
 #: where and with what each folder was made; every one that differs is shown beside the comparison
 CONTEXT = provenance_fields.CONTEXT
 #: texts are not read per run: they are looked up per distinct output (`_with_texts`)
-COLUMNS = list(dict.fromkeys(list(KEY_COLUMNS) + ["cell_id", "prompt_id", "repeat", "status", "output_hash"]
-                             + PROVENANCE_COLUMNS + list(CONTEXT)))
+COLUMNS = list(dict.fromkeys(list(KEY_COLUMNS) + ["cell_id", "prompt_id", "repeat", "status", "output_hash",
+                                                   "filler_ids"] + PROVENANCE_COLUMNS + list(CONTEXT)))
 
 
 @dataclass
@@ -77,6 +77,7 @@ def compare(
     only_a = settings_a.merge(settings_b, on=keys, how="left", indicator=True)
     only_b = settings_b.merge(settings_a, on=keys, how="left", indicator=True)
     runs = joined[joined["_merge"] == "both"].drop(columns="_merge").copy()
+    refuse_other_texts(a, b, runs)
     implied = set().union(*(IMPLIED_BY_AXIS.get(axis, frozenset()) for axis in ignore))
     # one record per distinct pair of cells and provenance: the same verdict as every run pair
     provenance = [c + s for s in ("_a", "_b") for c in ["cell_id"] + PROVENANCE_COLUMNS]
@@ -111,6 +112,41 @@ def compare(
         only_b=only_b[only_b["_merge"] == "left_only"][keys],
         context=context_differences(rows_a, rows_b),
     )
+
+
+def _texts(results: Results) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """A folder's prompt texts and filler texts by id, and its shared contexts (as the snapshots hold them)."""
+    prompts = {p.id: p.text for e in results.experiments for p in e.prompt_set.prompts}
+    fillers = {f.id: f.text for e in results.experiments for f in e.prompt_set.fillers}
+    contexts = sorted({repr(e.experiment.context) for e in results.experiments})
+    return prompts, fillers, contexts
+
+
+def refuse_other_texts(a: Results, b: Results, runs: pd.DataFrame) -> None:
+    """Paired runs must have had the same prompt, the same batch-mates and the same shared context in
+    both folders: a prompt id is only a name, and two experiments may give it two texts."""
+    (prompts_a, fillers_a, contexts_a), (prompts_b, fillers_b, contexts_b) = _texts(a), _texts(b)
+    for prompt_id in runs["prompt_id"].unique():
+        ta, tb = prompts_a.get(prompt_id), prompts_b.get(prompt_id)
+        if ta is not None and tb is not None and ta != tb:
+            raise HarnessError(f"prompt '{prompt_id}' has another text in B than in A ({ta[:60]!r} / {tb[:60]!r}): "
+                               "runs of two prompts cannot be paired; give the prompts other ids")
+    if runs.empty:
+        return
+    if contexts_a != contexts_b:
+        raise HarnessError(f"the shared context differs (A: {', '.join(contexts_a)}; B: {', '.join(contexts_b)}): "
+                           "runs with other text before the prompt cannot be paired")
+    mates = runs[["filler_ids_a", "filler_ids_b", "prompt_id", "repeat"]].copy()
+    for side, texts in (("_a", fillers_a), ("_b", fillers_b)):
+        mates["mates" + side] = [tuple(texts.get(f, f) for f in ids) if ids is not None else ()
+                                 for ids in mates["filler_ids" + side]]
+    other = mates[mates["mates_a"] != mates["mates_b"]]
+    if not other.empty:
+        first = other.iloc[0]
+        raise HarnessError(f"{len(other)} paired run(s) had other batch-mates in B than in A (e.g. prompt "
+                           f"'{first.prompt_id}' repeat {first.repeat}): their filler texts or the draw of fillers "
+                           "differ (fillers, filler_seed, batch_fill), so a difference could be the batch's, not the "
+                           "machine's")
 
 
 def _with_texts(runs: pd.DataFrame, results: Results, side: str) -> pd.DataFrame:

@@ -127,22 +127,34 @@ def _varying_keys(frame: pd.DataFrame) -> list[str]:
     return varying(frame, keys_of(frame))
 
 
+def _reasons(frame: pd.DataFrame) -> str:
+    """The cells of `frame` by the reason they carry: 'reason (ids)' for each reason, the first few."""
+    by_reason: dict[str, list[str]] = {}
+    for cell_id, error in zip(frame["cell_id"], frame["error"]):
+        by_reason.setdefault(str(error)[:160], []).append(cell_id)
+    return _listed([f"{why}: {_listed(list(dict.fromkeys(ids)))}" for why, ids in by_reason.items()])
+
+
 def _not_run(rule: Expectation, cells: pd.DataFrame, missing: pd.DataFrame) -> list[str]:
-    """The selection's cells that never ran (no file: a task that never started) or were skipped."""
-    if rule.allow_missing:
-        return []
+    """The selection's cells that never ran (no file: a task that never started), were skipped or
+    were refused by their engine (unsupported): a rule judges every cell it selects, or says why not."""
     out = []
-    absent = _where(missing, rule.where) if not missing.empty else missing
+    absent = _where(missing, rule.where) if not missing.empty and not rule.allow_missing else missing.iloc[0:0]
     if not absent.empty:
         ids = list(absent["cell_id"])
         out.append(f"{len(ids)} selected cell(s) never ran (missing: {_listed(ids)}); run them, or set "
                    "allow_missing: true")
-    counted = "n_skipped" in cells and rule.status != "skipped"
-    skipped = cells[cells["n_skipped"].fillna(0) > 0] if counted else cells.iloc[0:0]
-    if not skipped.empty:
-        ids = list(dict.fromkeys(skipped["cell_id"]))
-        out.append(f"{len(ids)} selected cell(s) were skipped ({_listed(ids)}: {str(skipped['error'].iloc[0])[:120]}); "
-                   "run them where they can run, or set allow_missing: true")
+    for status, allowed, advice in (
+            ("skipped", rule.allow_missing, "run them where they can run, or set allow_missing: true"),
+            ("unsupported", rule.allow_unsupported, "change the setting, or set allow_unsupported: true to judge the rest")):
+        column = f"n_{status}"
+        if allowed or rule.status == status or column not in cells:
+            continue
+        hit = cells[cells[column].fillna(0) > 0]
+        if not hit.empty:
+            count = hit["cell_id"].nunique()
+            out.append(f"{count} selected cell(s) {'were skipped' if status == 'skipped' else 'were refused (unsupported)'}"
+                       f" ({_reasons(hit)}); {advice}")
     return out
 
 
@@ -152,7 +164,8 @@ def evaluate(
 ) -> list[Verdict]:
     """One verdict per rule. A rule fails when it matches nothing, when one of its conditions judges
     nothing (no compared runs, no paired timings), when a cell it selects never ran, was skipped
-    (unless allow_missing) or has failed runs (unless allow_failed). `missing` lists the experiment's
+    (unless allow_missing), was refused by its engine (unless allow_unsupported) or has failed runs
+    (unless allow_failed). `missing` lists the experiment's
     cells with no results (cell_id and setting columns)."""
     missing = pd.DataFrame(columns=["cell_id"]) if missing is None else missing
     verdicts = []

@@ -191,6 +191,11 @@ def submit(
 
     The results folder keeps a snapshot of the experiment, and every array task runs that snapshot
     (not the live file), so an edit after submitting cannot mix two versions in one folder.
+
+    Credentials reach the tasks from the environment, never from the snapshot: write them as
+    ${NAME} in engine options (http://user:${NAME}@host/v1, --api-key ${NAME}) or use api_key_env,
+    reference them in setup lines (export HF_TOKEN="$HF_TOKEN"), and export them before submitting.
+    An experiment with a credential written inline is refused, with where it is.
     """
     from harness.experiment.config import load_experiment
     from harness.experiment.matrix import expand, refuse_ignored
@@ -200,6 +205,7 @@ def submit(
     allowed("--scheduler", scheduler, cluster.SCHEDULERS)  # before anything is read or adopted
     loaded = load_experiment(experiment)
     refuse_ignored(loaded, expand(loaded))
+    cluster.refuse_inline_secrets(loaded)
     out = out or Path("results") / loaded.experiment.name
     ids = [c.strip() for c in cells.split(",") if c.strip()] if cells else None
     screen = console()

@@ -219,7 +219,8 @@ def check(
 
     A rule fails when it matches no cell, when one of its conditions judges nothing (no compared
     runs, no paired timings), when a cell it selects never ran or was skipped (unless the rule says
-    allow_missing: true), or when a run it selects failed (unless it says allow_failed: true).
+    allow_missing: true), was refused by its engine (unless allow_unsupported: true; the verdict
+    lists each refusal's reason), or when a run it selects failed (unless allow_failed: true).
     """
     from harness.analysis import gate
     from harness.experiment.config import load_expectations

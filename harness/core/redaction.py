@@ -6,6 +6,11 @@ decided by rule, not by a list of known options: a key or flag whose name has a 
 it, the user information of a URL, and a URL query parameter so named. The engine still receives
 the real values; only what is written is redacted. A redacted value is the same text whatever the
 secret, so a new key never changes a cell id.
+
+A value may name an environment variable instead, `${NAME}` (an option, a flag's value, a URL's
+password): that reference is stored as written and filled in by the worker at run time
+(`expand`), so a batch job that runs the stored snapshot gets the secret from its environment.
+Text that may quote a secret (an error, a log line, a setup line) goes through `redact_text`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,47 @@ _WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd
           "credential", "credentials", "bearer", "cookie", "private"}
 #: names ending so hold the *name* of an environment variable, never the secret itself
 _NAMES_A_VARIABLE = ("_env", "_env_var", "-env")
+#: a reference to an environment variable, filled in at run time: `${NAME}`
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def is_reference(value: Any) -> bool:
+    """Whether `value` is, as a whole, a reference to an environment variable (kept as written)."""
+    return isinstance(value, str) and _REFERENCE.fullmatch(value) is not None
+
+
+def references(value: Any) -> list[str]:
+    """The environment variables `value` (options, nested) names as `${NAME}`, in order."""
+    if isinstance(value, dict):
+        return list(dict.fromkeys(n for v in value.values() for n in references(v)))
+    if isinstance(value, (list, tuple)):
+        return list(dict.fromkeys(n for v in value for n in references(v)))
+    return _REFERENCE.findall(value) if isinstance(value, str) else []
+
+
+def expand(value: Any, environ: dict[str, str], where: str = "engine_options") -> Any:
+    """`value` with every `${NAME}` replaced by the variable's value in `environ`; a KeyError-free
+    ValueError that names the variable and where it is used when one is not set."""
+    if isinstance(value, dict):
+        return {k: expand(v, environ, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [expand(v, environ, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise ValueError(f"{where} names ${{{name}}}, which is not set in this environment: export {name} "
+                             "where the run starts (a batch job gets the environment 'harness submit' ran in)")
+        return environ[name]
+
+    return _REFERENCE.sub(fill, value)
+
+
+def expanded_secrets(value: Any, environ: dict[str, str]) -> set[str]:
+    """The values `value`'s references take from `environ`: they are secrets (the reason to refer)."""
+    return {environ[n] for n in references(value) if environ.get(n)}
 
 
 def secret_name(name: str) -> bool:
@@ -42,11 +88,20 @@ def redact_url(text: str) -> str:
     except ValueError:
         return text
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    if "@" not in parts.netloc and not any(secret_name(k) for k, _ in pairs):
+    userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
+    hidden_user = bool(userinfo) and not _referred_userinfo(userinfo)
+    if not hidden_user and not any(secret_name(k) and not is_reference(v) for k, v in pairs):
         return text  # nothing to hide: the URL as written (so ids of such options never change)
-    netloc = f"{REDACTED}@{parts.netloc.rsplit('@', 1)[1]}" if "@" in parts.netloc else parts.netloc
-    query = urlencode([(k, REDACTED if secret_name(k) else v) for k, v in pairs], safe="<>") if pairs else ""
+    netloc = f"{REDACTED}@{parts.netloc.rsplit('@', 1)[1]}" if hidden_user else parts.netloc
+    query = urlencode([(k, REDACTED if secret_name(k) and not is_reference(v) else v) for k, v in pairs],
+                      safe="<>${}") if pairs else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _referred_userinfo(userinfo: str) -> bool:
+    """Whether a URL's user:password names its password as `${NAME}` (and holds no other secret)."""
+    user, colon, password = userinfo.partition(":")
+    return bool(colon) and is_reference(password) and not user.startswith(("sk-", "hf_"))
 
 
 def _args(items: list[Any]) -> list[Any]:
@@ -55,13 +110,13 @@ def _args(items: list[Any]) -> list[Any]:
     hide_next = False
     for item in items:
         if hide_next:
-            out.append(REDACTED)
+            out.append(item if is_reference(item) else REDACTED)
             hide_next = False
             continue
         if isinstance(item, str) and item.startswith("-"):
-            flag, eq, _ = item.partition("=")
+            flag, eq, value = item.partition("=")
             if secret_name(flag):
-                out.append(f"{flag}={REDACTED}" if eq else item)
+                out.append(f"{flag}={REDACTED}" if eq and not is_reference(value) else item)
                 hide_next = not eq
                 continue
         out.append(redact(item))
@@ -70,7 +125,7 @@ def _args(items: list[Any]) -> list[Any]:
 
 def redact(value: Any, name: str = "") -> Any:
     """`value` as it may be stored: credentials replaced by REDACTED, everything else as it was."""
-    if name and secret_name(name) and value not in (None, "", [], {}):
+    if name and secret_name(name) and value not in (None, "", [], {}) and not is_reference(value):
         return REDACTED
     if isinstance(value, dict):
         return {k: redact(v, str(k)) for k, v in value.items()}
@@ -85,7 +140,7 @@ def secret_values(value: Any, name: str = "") -> set[str]:
     """The credential strings inside `value` (what `redact` hides), to scrub them from text."""
     if isinstance(value, dict):
         return set().union(*(secret_values(v, str(k)) for k, v in value.items())) if value else set()
-    if name and secret_name(name) and isinstance(value, (str, int)) and str(value):
+    if name and secret_name(name) and isinstance(value, (str, int)) and str(value) and not is_reference(value):
         return {str(value)}
     if isinstance(value, (list, tuple)):
         found: set[str] = set()
@@ -95,22 +150,66 @@ def secret_values(value: Any, name: str = "") -> set[str]:
                 found.add(item.partition("=")[2])
         return found
     if isinstance(value, str) and "://" in value:
-        parts = urlsplit(value)
-        found = {parts.netloc.rsplit("@", 1)[0]} if "@" in parts.netloc else set()
-        if parts.password:
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            return set()
+        userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
+        found = {userinfo} if userinfo and not _referred_userinfo(userinfo) else set()
+        if parts.password and not is_reference(parts.password):
             found.add(parts.password)
-        return found | {v for k, v in parse_qsl(parts.query) if secret_name(k) and v}
+        return found | {v for k, v in parse_qsl(parts.query) if secret_name(k) and v and not is_reference(v)}
     return set()
+
+
+#: a URL's user information in free text
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@'\"<>]+)@")
+#: an HTTP credential header, as a log or a repr writes it ('Authorization: Bearer X', {'x-api-key': 'X'})
+_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|x-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)"
+                     r"((?:bearer|basic|token)\s+)?([^\s'\",}]+)")
+#: NAME=value, NAME: value, "NAME": "value" (a setup line, an environment dump, a JSON or repr)
+_ASSIGNMENT = re.compile(r"(?<![\w$-])([A-Za-z_][A-Za-z0-9_.-]*)(['\"]?\s*[=:]\s*['\"]?)([^\s'\",}&;)]+)")
+#: --flag value / --flag=value of a command line
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)(=|\s+)(?=[^\s-])([^\s'\"]+)")
+
+
+def redact_text(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> str:
+    """Free text (an error, a log line, a shell line) as it may be stored: every known secret value
+    (4 characters or more), URL user information, credential headers, and the values of credential
+    names and flags (values of six characters or more, not all digits) replaced by REDACTED. A value
+    written as an environment reference ($NAME, ${NAME}) is kept: it is no secret, and a job needs it
+    as written."""
+    if not isinstance(text, str) or not text:
+        return text
+    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = _URL_USERINFO.sub(lambda m: m.group(0) if _referred_userinfo(m.group(2)) else f"{m.group(1)}{REDACTED}@",
+                             text)
+    text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{REDACTED}"
+                       if not m.group(4).startswith("$") else m.group(0), text)
+
+    def hide(match: re.Match[str]) -> str:
+        name, sep, value = match.groups()
+        if (not secret_name(name) or value.startswith("$") or value == REDACTED or "://" in value
+                or len(value) < 6 or value.isdigit() or value.lower() in ("bearer", "basic")):  # 'EOS token = 2' in a llama.cpp log is no credential
+            return match.group(0)
+        return f"{name}{sep}{REDACTED}"
+
+    return _FLAG.sub(hide, _ASSIGNMENT.sub(hide, text))
+
+
+def redact_rows(rows: list[dict[str, Any]], secrets: set[str] | frozenset[str] = frozenset(),
+                columns: tuple[str, ...] = ("error", "engine_info")) -> list[dict[str, Any]]:
+    """Rows with the free-text columns that may quote a credential (an error's text, an engine's
+    description) through redact_text."""
+    return [r | {c: redact_text(r[c], secrets) for c in columns if isinstance(r.get(c), str) and r[c]} for r in rows]
 
 
 def scrub(path: Path, secrets: set[str]) -> None:
     """Replace every secret in a text file (a server's or worker's log) by REDACTED, in place."""
-    secrets = {s for s in secrets if len(s) >= 4}  # shorter strings would scrub ordinary text
-    if not secrets or not path.is_file():
+    if not path.is_file():
         return
     text = path.read_text(encoding="utf-8", errors="replace")
-    clean = text
-    for secret in sorted(secrets, key=len, reverse=True):
-        clean = clean.replace(secret, REDACTED)
+    clean = redact_text(text, secrets)
     if clean != text:
         path.write_text(clean, encoding="utf-8")

@@ -213,8 +213,10 @@ class LlamaServerEngine(Engine):
                                         if l.startswith("version:")), "")
         except (OSError, subprocess.SubprocessError):
             self.server_version = ""
+        self.build_sha256 = build_sha256(Path(self.binary))
         probe = _server_probe(self.binary, self.model_path, self.opts.n_threads, self.opts.startup_timeout_s)
-        key = cpu_kernels.cache_key("llama-server", self.binary, self.server_version, self.model_sha256)
+        key = cpu_kernels.cache_key("llama-server", self.binary, self.server_version, self.build_sha256,
+                                    self.model_sha256)
         self.extra = cpu_kernels.choose(self.opts.extra_bufts, cpu_kernels.cpu_reports_amx(), probe, models.cache_dir(),
                                         key, log)
         if self.extra.warning:
@@ -375,6 +377,7 @@ class LlamaServerEngine(Engine):
         return {
             "engine_version": f"llama-server {self.server_version}".strip(),
             "binary": self.binary,
+            "build_sha256": self.build_sha256,
             "server_flags": " ".join(self._flags()),
             "extra_bufts": self.extra.said,
             "cpu_kernels": self.kernel_path,
@@ -393,6 +396,20 @@ class LlamaServerEngine(Engine):
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+def build_sha256(binary: Path) -> str:
+    """One hash of the server binary and the shared libraries beside it (libggml-*.so holds the CPU
+    or CUDA kernels): a rebuild with the same version string, or another backend, is another build."""
+    import hashlib
+
+    real = binary.resolve()
+    parts = [real, *sorted({p.resolve() for d in (real.parent, real.parent.parent / "lib")
+                            for p in d.glob("lib*.so*") if p.is_file()})]
+    digest = hashlib.sha256()
+    for path in parts:
+        digest.update(f"{path.name}:{models.file_sha256(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def _sequence(answer: dict[str, Any], end_ids: frozenset[int] | None = None) -> SequenceOutput:

@@ -22,14 +22,15 @@ from harness.engines.base import (
     HONOUR, BatchOutput, Engine, EngineOptions, LoadSpec, Log, Refuse, Sampling, SequenceOutput, Unsupported,
 )
 from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
-from harness.core.redaction import redact_url
+from harness.core.redaction import is_reference, redact_url
 from harness.engines.parts.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 
 
 class OpenAIOptions(EngineOptions):
     base_url: str | None = Field(None, description="a running server as OpenAI clients write it, e.g. "
                                  "http://127.0.0.1:8000/v1 (or without /v1, or under a gateway's prefix); "
-                                 "user:password@ in it is sent as HTTP Basic auth")
+                                 "user:password@ in it is sent as HTTP Basic auth (write the password as ${NAME} to "
+                                 "take it from the environment at run time)")
     launch: list[str] | None = Field(None, description="argument list to start a server; {port} and {model} are filled in")
     host: str = Field("127.0.0.1", description="where a launched server listens")
     health_path: str = Field("/v1/models", description="with launch: GET path that answers 200 when the server is ready")
@@ -43,7 +44,8 @@ class OpenAIOptions(EngineOptions):
     def _one_source(self) -> "OpenAIOptions":
         if (self.base_url is None) == (self.launch is None):
             raise ValueError("give exactly one of base_url (a running server) or launch (a command to start one)")
-        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+        if self.base_url is not None and not is_reference(self.base_url) and not self.base_url.startswith(
+                ("http://", "https://")):
             raise ValueError(f"base_url '{redact_url(self.base_url)}' must start with http:// or https://")
         if self.base_url is not None and urlsplit(self.base_url).username is not None and self.api_key_env:
             raise ValueError("base_url carries credentials (user:password@) and api_key_env names a key: give one of "

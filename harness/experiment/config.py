@@ -12,7 +12,7 @@ from harness.experiment import yamlsrc
 from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME
 from harness.engines.registry import engine_names, options_model
 from harness.core.errors import ConfigError
-from harness.core.redaction import redact
+from harness.core.redaction import redact, redact_text
 from harness.experiment.answers import ParseRule
 from harness.experiment.prompts import (
     PromptItem,
@@ -141,6 +141,8 @@ class Expectation(Strict):
     allow_failed: bool = Field(False, description="judge the runs that did not fail instead of failing the rule")
     allow_missing: bool = Field(False, description="judge what ran, even where cells of the selection never ran "
                                                    "(missing) or were skipped (their GPU type was not there)")
+    allow_unsupported: bool = Field(False, description="judge what ran, even where the engine refused cells of the "
+                                                       "selection (unsupported: a setting it cannot honour)")
 
 
 class SharedContext(Strict):
@@ -363,6 +365,9 @@ def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
     for key in ("engine_options", "matrix", "include"):  # the snapshot is stored (manifest, experiment.yaml):
         if key in inline:  # no credentials, swept engine options included
             inline[key] = redact(inline[key])
+    cluster = inline.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("setup"), list):  # `export HF_TOKEN=...` lines
+        inline["cluster"] = cluster | {"setup": [redact_text(str(line)) for line in cluster["setup"]]}
     return json.loads(json.dumps(inline, default=str))  # plain JSON types only
 
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import harness
 from harness.experiment.config import LoadedExperiment, load_snapshot
 from harness.core.errors import HarnessError
+from harness.core.redaction import redact_rows
 from harness.results.folder_lock import exclusive
 from harness.experiment.matrix import Cell, expand
 from harness.results.store import DONE_STATUSES, SCHEMA_VERSION, Store, writer_tag
@@ -102,10 +103,13 @@ class Adoption:
 class ResultsFolder:
     """A results folder: cell files (`Store`) plus the manifest that says which of them count."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, secrets: frozenset[str] = frozenset()) -> None:
         self.root = Path(root)
         self.store = Store(self.root)
         self.manifest_path = self.root / MANIFEST
+        #: credential values a writer knows of (its engines' options): no landed row holds them, nor
+        #: URL user information or a credential header in its free text (harness.core.redaction)
+        self.secrets = secrets
 
     # -- the manifest ---------------------------------------------------------------------
 
@@ -207,14 +211,28 @@ class ResultsFolder:
         running it can only land rows that are refused) and this landing removes them all, those
         of killed tasks included; a cell that is not done keeps them, for the rerun.
         """
+        rows = redact_rows(rows, self.secrets)
         new = [r["status"] for r in rows]
         record = self._landing(new, run_id)
+        return self._land(cell_id, new, lambda: self.store.write_cell(cell_id, rows, record), replace_done)
+
+    def land_file(self, cell_id: str, source: Path, statuses: list[str]) -> Landing:
+        """Land another folder's cell file (its rows' `statuses`) as it is (harness merge), by the same
+        rule and lock as rows."""
+        import shutil
+
+        dest = self.store.cell_path(cell_id)
+        return self._land(cell_id, statuses, lambda: self.store.atomic_write(dest, lambda tmp: shutil.copy2(source, tmp)))
+
+    def _land(self, cell_id: str, new: list[str], write: Any, replace_done: bool = False) -> Landing:
+        """Under the cell's lock: `write()` when rows of statuses `new` may replace what is there
+        (landing_rule); a cell done now keeps no checkpoints."""
         self.store.cells_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(self.store.cells_dir / f".{cell_id}.lock"):
             old = self.store.statuses(cell_id)
             verdict = landing_rule(old, new, replace_done)
             if verdict is None:
-                self.store.write_cell(cell_id, rows, record)
+                write()
         now = new if verdict is None else old
         if now and set(now) <= DONE_STATUSES:
             self.store.remove_parts(cell_id)
@@ -224,7 +242,7 @@ class ResultsFolder:
 
     def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]]) -> None:
         """Keep rows of finished batches of a running cell, as one part file renamed into place."""
-        self.store.write_part(cell_id, name, rows)
+        self.store.write_part(cell_id, name, redact_rows(rows, self.secrets))
 
     def checkpointed(self, cell_id: str) -> list[dict[str, Any]]:
         """The rows a cell's checkpoints hold, in the order they were written."""

@@ -4,8 +4,8 @@
 unreliable on some NFS mounts; exclusive creation of a file is atomic on all of them (NFSv3
 and later, Lustre, local disks). The lock file names its holder (host, pid, time); a holder
 that died leaves it behind, so a lock whose holder is a dead process of this host, or that
-is older than any update can take, is broken, and the breaking is checked so that a waiter
-never removes a lock that another waiter has just taken.
+is older than any update can take, is broken; one waiter at a time breaks it, and only after
+reading it again (`_break`), so that no waiter removes a lock that another has just taken.
 """
 
 from __future__ import annotations
@@ -51,20 +51,35 @@ def _read(path: Path) -> tuple[str, float] | None:
         return None
 
 
+#: a breaker holds its own lock for the milliseconds of one check; one this old lost its holder
+BREAKER_STALE_S = 30.0
+
+
 def _break(path: Path, stale: str) -> None:
-    """Take a stale lock out of the way, unless it has meanwhile become someone else's."""
-    aside = path.with_name(f"{path.name}.broken.{os.getpid()}.{random.getrandbits(32):08x}")
+    """Remove a stale lock, unless it has meanwhile become someone else's.
+
+    Breaking is itself exclusive: only the holder of `path.break` (created with O_EXCL) may remove
+    the lock, and only after reading it again and finding the stale token still there. Without
+    that, three waiters at one stale lock could end with two of them holding it: one removes the
+    stale lock and takes a new one, and a second, acting on what it read before, removes the new one.
+    """
+    breaker = path.with_name(path.name + ".break")
     try:
-        os.rename(path, aside)
+        fd = os.open(breaker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        found = _read(breaker)
+        if found is not None and time.time() - found[1] > BREAKER_STALE_S:
+            breaker.unlink(missing_ok=True)  # a breaker that died in its check
+        return  # another waiter is breaking it; try the lock again
     except OSError:
         return
-    found = _read(aside)
-    if found is not None and found[0] != stale:  # it was a fresh lock: give it back
-        try:
-            os.link(aside, path)
-        except OSError:
-            pass
-    aside.unlink(missing_ok=True)
+    try:
+        os.close(fd)
+        found = _read(path)
+        if found is not None and found[0] == stale:
+            path.unlink(missing_ok=True)
+    finally:
+        breaker.unlink(missing_ok=True)
 
 
 @contextmanager

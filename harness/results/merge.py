@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import filecmp
-import shutil
 from pathlib import Path
 
 from harness.core.errors import HarnessError
@@ -36,7 +35,11 @@ def _plan(sources: list[ResultsFolder], target: ResultsFolder) -> dict[str, Resu
 
 
 def merge_folders(sources: list[Path], out: Path, allow_other_experiment: bool) -> tuple[int, int]:
-    """Copy the chosen cells into `out` and record the sources' experiments in its manifest; (copied, kept)."""
+    """Copy the chosen cells into `out` and record the sources' experiments in its manifest; (copied, kept).
+
+    Each cell lands by the folder's landing rule under its lock (ResultsFolder.land_file), as a
+    run's rows do: a task still writing into `out` is never overwritten by an older copy, and a
+    cell it landed done meanwhile is kept."""
     target = ResultsFolder(out)
     folders = [ResultsFolder(s) for s in sources]
     chosen = _plan(folders, target)
@@ -49,6 +52,5 @@ def merge_folders(sources: list[Path], out: Path, allow_other_experiment: bool) 
         source, dest = folder.store.cell_path(cell_id), target.store.cell_path(cell_id)
         if dest.exists() and _same(dest, source):
             continue
-        target.store.atomic_write(dest, lambda tmp, src=source: shutil.copy2(src, tmp))
-        copied += 1
+        copied += target.land_file(cell_id, source, folder.store.statuses(cell_id)).written
     return copied, len(chosen) - copied

@@ -20,7 +20,8 @@ class Field:
     #: ("" = never checked); several fields under one name are checked as one (the machine: "host")
     pairs: str = ""
     #: a row kept from an earlier run (a checkpoint, a stale cell) must have the value of the load
-    #: about to run: the same engine and model file on the same machine
+    #: about to run: the same engine build and model file, the same harness and libraries, on the
+    #: same machine and driver (every pairing field, and the versions that could change a row)
     same_load: bool = False
     #: shown as the context of a folder: the report's header, and what `compare` lists when it differs
     context: bool = False
@@ -31,7 +32,7 @@ FIELDS: tuple[Field, ...] = (
     Field("model_file"),
     Field("model_sha256", pairs="model_sha256", same_load=True, context=True),
     Field("engine_version", pairs="engine_version", same_load=True, context=True),
-    Field("schema_version", pairs="schema_version", context=True),
+    Field("schema_version", pairs="schema_version", same_load=True, context=True),
     # what ran (harness.run.enforced): compared with what was asked, not paired on
     Field("device"),
     Field("device_uuid"),
@@ -39,24 +40,25 @@ FIELDS: tuple[Field, ...] = (
     Field("attention_backend"),
     Field("host", pairs="host", same_load=True, context=True),
     Field("gpu_uuid", pairs="host", same_load=True),
-    Field("gpu_driver", pairs="host", context=True),
-    Field("cuda_version", pairs="host", context=True),
+    Field("gpu_driver", pairs="host", same_load=True, context=True),
+    Field("cuda_version", pairs="host", same_load=True, context=True),
     Field("platform", context=True),
     Field("cpu", context=True),
     Field("cpu_count", context=True),
     Field("gpu_name", context=True),
     Field("gpu_count", context=True),
     Field("gpu_compute_cap"),
-    Field("library_versions", context=True),
+    Field("library_versions", same_load=True, context=True),
     Field("python_version", context=True),
-    Field("harness_version", context=True),
-    Field("git_commit", context=True),
-    # the chat template the engine applied is read from its info (metrics.chat_template_of)
-    Field("engine_info", pairs="chat_template"),
+    Field("harness_version", same_load=True, context=True),
+    Field("git_commit", same_load=True, context=True),
+    # the chat template the engine applied is read from its info (metrics.chat_template_of); the
+    # whole info (the build's system info or binary hash, its settings in force) is the load's identity
+    Field("engine_info", pairs="chat_template", same_load=True),
     # the CPU kernels that computed (llama.cpp: AMX / repacked weights / llamafile / plain): two paths
     # can give different logits on one model and build
     Field("cpu_kernels", pairs="cpu_kernels", same_load=True, context=True),
-    Field("env"),
+    Field("env", same_load=True),  # the engine variables (VLLM_, CUDA_, OMP_, ...) its worker ran with
     Field("job_id"),
     Field("job_array_index"),
 )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.experiment.config import Cluster, GpuResources, LoadedExperiment
 from harness.core.errors import HarnessError, UsageError
+from harness.core.redaction import redact_text, secret_values
 from harness.experiment.matrix import Cell, expand, group
 from harness.experiment.selection import Selection, apply, units
 
@@ -79,7 +80,7 @@ def render_slurm(name: str, gpu: str, shards: int, cluster: Cluster, command: st
                 lines.append(f"#SBATCH --{key}={value}")
     if not (res is not None and res.gres) and _gpu_count(gpu, res):
         lines.append(f"#SBATCH --gres=gpu:{_gpu_count(gpu, res)}")  # a GPU cell on a node without one is skipped
-    lines += ["set -euo pipefail", *cluster.setup, f"exec {command}", ""]
+    lines += ["set -euo pipefail", *_setup(cluster), f"exec {command}", ""]
     return "\n".join(lines)
 
 
@@ -105,14 +106,20 @@ def render_pbs(name: str, gpu: str, shards: int, cluster: Cluster, command: str,
         f"#PBS -o {logs}/",
         "#PBS -r y",
     ]
+    lines.append("#PBS -V")  # the submitting shell's environment, as sbatch passes it: credentials come from there
     if shards > 1:
         lines.insert(2, f"#PBS -J 1-{shards}")
     if res is not None and res.queue:
         lines.append(f"#PBS -q {res.queue}")
     if cluster.account:
         lines.append(f"#PBS -A {cluster.account}")
-    lines += ["set -euo pipefail", *cluster.setup, f"exec {command}", ""]
+    lines += ["set -euo pipefail", *_setup(cluster), f"exec {command}", ""]
     return "\n".join(lines)
+
+
+def _setup(cluster: Cluster) -> list[str]:
+    """The setup lines as a job script holds them: without an inline credential (refused at submit)."""
+    return [redact_text(line) for line in cluster.setup]
 
 
 def _pbs_walltime(slurm_time: str) -> str:
@@ -121,6 +128,36 @@ def _pbs_walltime(slurm_time: str) -> str:
     days = days or "0"
     hours, minutes, seconds = rest.split(":")
     return f"{int(days) * 24 + int(hours)}:{minutes}:{seconds}"
+
+
+def inline_secrets(loaded: LoadedExperiment) -> list[str]:
+    """Where the experiment holds a credential inline that its jobs would need: each place, said
+    with how to pass it instead. A job runs the folder's stored snapshot, where every inline
+    credential is '<redacted>' (harness.core.redaction), so such a job could only fail."""
+    places: list[str] = []
+    for grp in group(expand(loaded)):
+        for key, value in grp.spec.options.items():
+            place = f"engine_options.{grp.spec.engine}.{key}"
+            if secret_values({key: value}) and place not in places:
+                places.append(place)
+    found = [f"{p}: write the credential as ${{NAME}} (a URL: http://user:${{NAME}}@host/v1; a key: "
+             f"api_key_env: NAME where the engine has it)" for p in places]
+    for index, line in enumerate(loaded.experiment.cluster.setup):
+        if redact_text(line) != line:
+            found.append(f"cluster.setup[{index}] '{redact_text(line)}': write the value as a reference, e.g. "
+                         "export HF_TOKEN=\"$HF_TOKEN\"")
+    return found
+
+
+def refuse_inline_secrets(loaded: LoadedExperiment) -> None:
+    """A UsageError listing the inline credentials a job would need (inline_secrets), if any."""
+    found = inline_secrets(loaded)
+    if found:
+        raise UsageError(
+            "the experiment holds credentials inline, which its jobs cannot use: a job runs the results folder's "
+            "stored snapshot, where they are '<redacted>'. Pass each from the environment instead and export it in "
+            "the shell you submit from (sbatch passes the environment to the job; the PBS script asks for it "
+            "with -V):\n  " + "\n  ".join(found))
 
 
 def plan_jobs(loaded: LoadedExperiment, cell_ids: list[str] | None) -> dict[str, list[Cell]]:

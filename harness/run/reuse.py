@@ -6,9 +6,11 @@ One run (one target generation) depends on less: the cell's settings apart from 
 repeat count (`Cell.settings_id`), and the batch it ran in: the target's id and position, its
 repeat, and the text of every member. That is its `run_key`, stored in its row.
 
-When a cell runs, ok rows of the folder's stale cells that carry the run key it wants, made with
-the same engine version and model file on the same machine (`SAME_MACHINE`), are kept instead of
-generated again: a cell never pairs runs of two machines. Their answers are read again from the
+When a cell runs, ok rows of the folder's stale cells that carry the run key it wants, made by the
+same load (`SAME_LOAD`: the engine's build and model file, the schema, the harness and library
+versions, the engine variables, on the same machine, driver and CUDA), are kept instead of generated
+again: a cell never pairs runs of two machines or two builds. A kept row keeps what it was made
+with, "what ran" (device, backend, offload) included. Their answers are read again from the
 stored text under the current rules, and the cell lands as one new, complete file. Rows written
 before run keys existed (schema 6 and older) are never reused.
 """
@@ -24,9 +26,8 @@ from harness.experiment.prompts import Batch, Prompt
 if TYPE_CHECKING:
     from harness.results.folder import ResultsFolder
 
-#: what a kept row (a checkpoint's, or a stale cell's) must share with the load about to run:
-#: the same engine and model file, on the same machine (host, GPU)
-SAME_MACHINE = provenance_fields.SAME_LOAD
+#: what a kept row (a checkpoint's, or a stale cell's) must share with the load about to run
+SAME_LOAD = provenance_fields.SAME_LOAD
 #: the answer columns, read again from a kept row's text under the current prompt's rule
 ANSWER_COLUMNS = ("answer_parsed", "answer_expected", "answer_correct")
 
@@ -38,9 +39,18 @@ def run_key(settings_id: str, batch: Batch, position: int, repeat: int) -> str:
                    "target": batch.prompts[position].id, "members": [p.text for p in batch.prompts]}, 20)
 
 
-def same_machine(row: dict[str, Any], here: dict[str, Any]) -> bool:
-    """Whether a kept row was made by the same engine version and model file on this machine."""
-    return all(row.get(k) == here.get(k) for k in SAME_MACHINE)
+def load_identity(engine_cols: dict[str, Any], prov: dict[str, Any]) -> dict[str, Any]:
+    """The SAME_LOAD values of the load about to run: its engine columns, the run's provenance
+    (as this worker has it) and the schema its rows are written in."""
+    from harness.results.store import SCHEMA_VERSION
+
+    here = engine_cols | prov | {"schema_version": SCHEMA_VERSION}
+    return {k: here.get(k) for k in SAME_LOAD}
+
+
+def same_load(row: dict[str, Any], here: dict[str, Any]) -> bool:
+    """Whether a kept row was made by the load `here` (load_identity) describes."""
+    return all(row.get(k) == here.get(k) for k in SAME_LOAD)
 
 
 class ReusableRuns:
@@ -72,7 +82,7 @@ class ReusableRuns:
         for cell_id in cells:
             for row in self.folder.store.read_cell_rows(cell_id):
                 run = by_key.get(row.get("run_key") or "")
-                if run is not None and run not in found and row["status"] == "ok" and same_machine(row, here):
+                if run is not None and run not in found and row["status"] == "ok" and same_load(row, here):
                     found[run] = row
         return found
 

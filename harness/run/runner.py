@@ -17,12 +17,12 @@ from harness.engines.registry import engine_class
 from harness.run.enforced import device_environment
 from harness.run.launch import launch
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
-from harness.core.redaction import scrub, secret_values
+from harness.core.redaction import redact_text, scrub
 from harness.results.folder import ResultsFolder
 from harness.results.rows import RowMaker
 from harness.experiment.selection import Selection, apply
 from harness.engines.parts.server_process import LOG_DIR_ENV
-from harness.run.worker import WorkOrder
+from harness.run.worker import WorkOrder, secrets_of
 
 
 class Reporter(Protocol):
@@ -122,9 +122,11 @@ class Runner:
                           checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus), label=label)
         pinned = device_environment(grp.spec.gpu, gpus, int(grp.spec.options.get("tensor_parallel_size") or 1))
         env = cls.environment(grp.spec) | pinned | {LOG_DIR_ENV: str(log_path.parent.resolve())}
+        secrets = secrets_of(grp.spec.options)
+        self.folder.secrets = self.folder.secrets | secrets  # the rows this run lands for the group
         outcome = launch(order, env, self.reporter, self.group_timeout_s)
-        secrets = secret_values(grp.spec.options)
-        for path in log_path.parent.glob("*.log") if secrets else ():  # the worker's and its servers' logs
+        outcome.cause = redact_text(outcome.cause, secrets)
+        for path in log_path.parent.glob("*.log"):  # the worker's and its servers' logs
             scrub(path, secrets)
         missing = [c for c in cells if not self._landed_here(c) and (force or not self.store.is_done(c.id))]
         if missing and outcome.cause == "":

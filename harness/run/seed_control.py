@@ -7,6 +7,11 @@ would be measured as non-determinism when they are the seed's doing. The control
 first prompts a few times before the cell: the same seed twice must agree, different seeds must not all agree,
 alone and among batch-mates. A seed that fails is reported as such (the cell is 'unsupported'
 with the reason), never measured.
+
+"Shared" is declared only on evidence chance cannot give: batch-mates whose own seeds were shown,
+alone, to give different outputs, and yet agree inside one batch, in each of `SHARED_TRIALS`
+batches. Independent seeds agreeing is no evidence: on a prompt a model answers one way five times
+in six, four independent seeds agree about half the time.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ from harness.engines.base import BatchOutput, Sampling
 #: generate(prompts, target, sampling, members) -> the batch's output
 Generate = Callable[[list[str], int, Sampling, bool], BatchOutput]
 
-#: different seeds tried on a prompt, and prompts tried, before "the seed has no effect" is concluded
-SEEDS_TRIED = 6
+#: different seeds tried on a prompt, and prompts tried, before "the seed has no effect" is concluded:
+#: on a prompt answered one way five times in six, 24 seeds all agree by chance 1.3% of the time
+SEEDS_TRIED = 24
 PROMPTS_TRIED = 3
 #: copies of one prompt in the batch-mates control (at most the cell's batch size)
 MATES = 4
+
+#: batches (each with mates shown to differ alone) that must all agree before "shared" is declared
+SHARED_TRIALS = 3
 
 HONOURED = "honoured"
 #: verdicts that stop the cell: the seed does not fix the sampling, so runs would measure the seed
@@ -72,6 +81,30 @@ def _seed_matters(generate: Generate, texts: list[str], alone: Sampling) -> str 
     return None
 
 
+def _mates_alone(generate: Generate, text: str, batch: Sampling, mates: int) -> list[tuple[int, ...]]:
+    """Each member's output alone, under the seed it gets in a batch of `mates` copies (`batch`'s target
+    seed at position 0, the fillers' derived seeds after it)."""
+    return [_ids(generate([text], 0, replace(batch, seed=batch.seed_for(i, 0)), False)) for i in range(mates)]
+
+
+def _shared_seed(generate: Generate, text: str, alone: Sampling, mates: int) -> str | None:
+    """Why the batch shares one seed, or None. Tried on base seeds whose mates differ alone; every one
+    of SHARED_TRIALS such batches must agree, and one that disagrees clears the engine. Without base
+    seeds whose mates differ alone (a prompt of very low entropy) nothing is concluded: None."""
+    trials = 0
+    for k in range(SEEDS_TRIED):
+        batch = replace(alone, seed=(alone.seed + 104729 * k) % 2**32)
+        if len(set(_mates_alone(generate, text, batch, mates))) < 2:
+            continue  # these mates' own seeds agree alone: their agreement in a batch would prove nothing
+        if len({tuple(m.token_ids) for m in generate([text] * mates, 0, batch, True).members}) > 1:
+            return None
+        trials += 1
+        if trials == SHARED_TRIALS:
+            return (f"{SHARED_TRIALS} batches of {mates} copies of one prompt, each copy with its own seed, gave one "
+                    f"output per batch, though those seeds alone gave different outputs: the batch shares one seed")
+    return None
+
+
 def check(generate: Generate, texts: list[str], sampling: Sampling, batch_size: int) -> SeedCheck:
     """Run the control on the cell's prompts with its sampling; `batch_size` > 1 adds batch-mates."""
     seed = sampling.seed
@@ -91,11 +124,9 @@ def check(generate: Generate, texts: list[str], sampling: Sampling, batch_size: 
     mates = min(batch_size, MATES)
     if mates < 2:
         return SeedCheck(HONOURED, "")
-    # each member its own seed (the target's, then fillers' derived seeds): they must not all agree
-    spread = generate([text] * mates, 0, alone, True).members
-    if len({tuple(m.token_ids) for m in spread}) == 1:
-        return SeedCheck("shared", f"{mates} copies of one prompt with {mates} different seeds in one batch gave one "
-                                   "output: the batch shares one seed")
+    shared = _shared_seed(generate, text, alone, mates)
+    if shared is not None:
+        return SeedCheck("shared", shared)
     same = generate([text] * mates, 0, replace(alone, copies=True), True).members
     if len({tuple(m.token_ids) for m in same}) > 1:
         if not _greedy_repeats(generate, text, sampling, mates):

@@ -49,11 +49,22 @@ class WorkOrder:
     label: str = ""
 
 
-class PipeReporter:
-    """Runner reporter inside the worker: every event is one JSON line to the parent."""
+def secrets_of(options: dict[str, Any], environ: dict[str, str] | None = None) -> frozenset[str]:
+    """The credential values a load's options hold: those written inline, and those their `${NAME}`
+    references take from the environment (harness.core.redaction). None of them is ever written."""
+    from harness.core.redaction import expanded_secrets, secret_values
 
-    def __init__(self, fd: int) -> None:
+    environ = dict(os.environ) if environ is None else environ
+    return frozenset(secret_values(options) | expanded_secrets(options, environ))
+
+
+class PipeReporter:
+    """Runner reporter inside the worker: every event is one JSON line to the parent; log lines
+    without the load's credentials."""
+
+    def __init__(self, fd: int, secrets: frozenset[str] = frozenset()) -> None:
         self._out = os.fdopen(fd, "w", buffering=1)
+        self._secrets = secrets
 
     def _send(self, **event: Any) -> None:
         self._out.write(json.dumps(event) + "\n")
@@ -67,7 +78,9 @@ class PipeReporter:
         self._send(cell=cell_id, status=status)
 
     def log(self, message: str) -> None:
-        self._send(log=message)
+        from harness.core.redaction import redact_text
+
+        self._send(log=redact_text(message, self._secrets))
 
 
 _CAUSE = re.compile(r"\b([A-Z][A-Za-z]*(Error|Exception)|NotImplementedError|AssertionError): .+")
@@ -106,7 +119,7 @@ class GroupRunner:
         self.order = order
         self.loaded = order.loaded
         self.exp = order.loaded.experiment
-        self.folder = ResultsFolder(Path(order.out))
+        self.folder = ResultsFolder(Path(order.out), secrets_of(order.group.spec.options))
         self.reporter = reporter
         self.log_path = Path(order.log) if order.log else None
         # the parent's provenance, but the environment as this worker has it (the engine's variables set)
@@ -232,14 +245,14 @@ class GroupRunner:
             self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
             return
         progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols,
-                                self.rows.prov)
-        rows = self._cell_rows(engine, cell, engine_cols, probes, progress)
+                                self.rows.prov, lambda: self._what_ran(engine, cell)[0] | seeded)
+        self._cell_rows(engine, cell, engine_cols, probes, progress)
         ran, reason = self._what_ran(engine, cell)  # after the cell: a server engine starts its server late
-        rows = [r | ran | seeded for r in rows]
+        progress.stamp(ran | seeded)  # this load's runs; kept ones keep what they ran on
         if reason is not None:
-            rows = [r | {"status": "failed", "error": reason} for r in rows]
+            progress.stamp({"status": "failed", "error": reason})
             self.reporter.log(f"cell {cell.id} failed: {reason}")
-        self._land(cell, rows)
+        self._land(cell, progress.rows())
 
     def _reused(self, cell: Cell, keys: dict[tuple[str, int], str], here: dict[str, Any]) -> dict[tuple[str, int], Any]:
         """Runs of the folder's stale cells this cell wants ((prompt id, repeat) -> run key), made as
@@ -255,7 +268,8 @@ class GroupRunner:
         return {run: restamped(row, cell.id, self.exp.name, prompts.get(run[0])) for run, row in found.items()}
 
     def _cell_rows(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any,
-                   progress: CellProgress) -> list[dict[str, Any]]:
+                   progress: CellProgress) -> None:
+        """Generate the cell's runs that no checkpoint or stale cell holds, into `progress`."""
         from harness.experiment import answers
         from harness.engines.base import Unsupported
         from harness.experiment.prompts import plan_batches
@@ -269,9 +283,9 @@ class GroupRunner:
         try:
             context, context_used = self._context(engine, cell)
         except Unsupported as exc:
-            return self.rows.status_rows(cell, "unsupported", str(exc))
+            return progress.replace(self.rows.status_rows(cell, "unsupported", str(exc)))
         except Exception as exc:  # noqa: BLE001 - the tokenizer broke (a server died): this cell fails
-            return self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size()))
+            return progress.replace(self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size())))
         plans = {p.id: plan_batches(prompt_set, p, size, self.exp.repeats, self.exp.filler_seed, self.exp.batch_fill)
                  for p in prompt_set.prompts}
         keys = {(p.id, r): run_key(cell.settings_id, plan.batch, pos, r)
@@ -319,11 +333,12 @@ class GroupRunner:
             progress.add(rows, more=index < len(todo) - 1)
             self.reporter.advance(len(rows))
         order = {p.id: i for i, p in enumerate(prompt_set.prompts)}
-        return progress.rows(lambda r: (order[r["prompt_id"]], r["repeat"]))
+        progress.order = lambda r: (order[r["prompt_id"]], r["repeat"])
 
     def run(self) -> None:
         from harness.engines.registry import engine_class
         from harness.engines.base import Unsupported
+        from harness.core.redaction import expand
         from harness.run.probes import LogitProbes
 
         cells = self.order.cells
@@ -331,7 +346,8 @@ class GroupRunner:
         spec = self.order.group.spec
         self.reporter.log(f"loading {self.order.label or f'{spec.engine} / {spec.model}'}")
         since = self._log_size()
-        try:
+        try:  # `${NAME}` in the options: filled in from this environment, here and nowhere else
+            spec = replace(spec, options=expand(spec.options, dict(os.environ), f"engine_options.{spec.engine}"))
             engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base)
         except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
             message = self._explain(exc, since)
@@ -363,24 +379,30 @@ class CellProgress:
     """The runs of one cell so far: those kept by earlier checkpoints, and new ones, checkpointed
     at most every `every_s` seconds as their batches finish (0: after every batch).
 
-    Kept rows count only when they were made by the same engine version and model file as this
-    load, on the same machine (host, GPU: harness.run.reuse.SAME_MACHINE), and ended ok or refused;
-    failed ones run again. Runs of stale cells (harness.run.reuse) may be kept too.
+    Kept rows count only when they were made by this load (harness.run.reuse.SAME_LOAD: the same
+    engine build and model file, harness, libraries and machine) and ended ok or refused; failed
+    ones run again. Runs of stale cells (harness.run.reuse) may be kept too. Kept rows keep the
+    "what ran" they were made with; only this load's rows are stamped with this load's (`what_ran`,
+    asked when a checkpoint is written, and `stamp` when the cell ends).
     """
 
     def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any],
-                 machine: dict[str, Any] | None = None) -> None:
-        from harness.run.reuse import same_machine
+                 machine: dict[str, Any] | None = None,
+                 what_ran: Callable[[], dict[str, Any]] | None = None) -> None:
+        from harness.run.reuse import load_identity, same_load
         from harness.results.store import DONE_STATUSES
 
         self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
-        self.here = engine_cols | (machine or {})
+        self.here = load_identity(engine_cols, machine or {})
         self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
-                     if r["status"] in DONE_STATUSES and same_machine(r, self.here)}
+                     if r["status"] in DONE_STATUSES and same_load(r, self.here)}
         self.new: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
         self._parts = 0
         self._last = time.monotonic()
+        self._what_ran = what_ran or dict
+        #: the order rows land in (prompt, repeat); None: as they came
+        self.order: Callable[[dict[str, Any]], Any] | None = None
 
     def has(self, prompt_id: str, repeat: int) -> bool:
         return (prompt_id, repeat) in self.kept
@@ -391,6 +413,10 @@ class CellProgress:
         self.kept |= new
         return len(new)
 
+    def replace(self, rows: list[dict[str, Any]]) -> None:
+        """The whole cell is these rows (it could not start: refused, or its context failed)."""
+        self.kept, self.new, self._pending = {}, list(rows), []
+
     def add(self, rows: list[dict[str, Any]], more: bool) -> None:
         """Rows of a finished batch; checkpointed when the interval has passed and batches remain
         (after the last one, the whole cell lands instead)."""
@@ -399,22 +425,29 @@ class CellProgress:
         if more and time.monotonic() - self._last >= self.every_s:
             self.flush()
 
+    def stamp(self, columns: dict[str, Any]) -> None:
+        """Set columns on this load's rows only (what ran, a failure found after the cell)."""
+        self.new = [r | columns for r in self.new]
+        self._pending = [r | columns for r in self._pending]
+
     def flush(self) -> None:
         from harness.results.store import DONE_STATUSES
 
         keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
         if keep:
-            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", keep)
+            ran = self._what_ran()  # a checkpointed run, kept by a later load, says what it ran on
+            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", [r | ran for r in keep])
             self._parts += 1
         self._pending = []
         self._last = time.monotonic()
 
-    def rows(self, key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """Every run of the cell, in run order. A cell with failed runs first checkpoints its good
         new ones, so that the rerun redoes only what failed."""
         if any(r["status"] == "failed" for r in self.new):
             self.flush()
-        return sorted([*self.kept.values(), *self.new], key=key)
+        every = [*self.kept.values(), *self.new]
+        return every if self.order is None else sorted(every, key=self.order)
 
 
 def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
@@ -439,7 +472,7 @@ def main() -> int:
     order: WorkOrder = pickle.load(sys.stdin.buffer)
     if order.parent_pid:
         watch_parent(order.parent_pid)
-    GroupRunner(order, PipeReporter(order.fd)).run()
+    GroupRunner(order, PipeReporter(order.fd, secrets_of(order.group.spec.options))).run()
     return 0
 
 
