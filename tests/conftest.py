@@ -109,7 +109,7 @@ def probed_results(tmp_path_factory) -> Path:
 
 
 def synthetic_folder(root: Path, prompts: list[str], matrix: dict, repeats: int = 1, max_tokens: int = 8,
-                     name: str = "synthetic"):
+                     name: str = "synthetic", texts: dict[str, str] | None = None, fillers: list[str] | None = None):
     """A results folder whose manifest holds a real experiment that is never run: tests write its
     cells by hand (known tokens), and readers treat them as they treat real ones. Returns
     (folder, {(batch_size, gpu, ...axis values): cell}) with cells keyed by their settings dict items."""
@@ -119,7 +119,8 @@ def synthetic_folder(root: Path, prompts: list[str], matrix: dict, repeats: int 
     from harness.experiment.matrix import expand
     from harness.results.folder import ResultsFolder
 
-    spec = {"name": name, "prompts": [{"id": p, "text": f"prompt {p}"} for p in prompts], "fillers": ["other"],
+    spec = {"name": name, "prompts": [{"id": p, "text": (texts or {}).get(p, f"prompt {p}")} for p in prompts],
+            "fillers": fillers or ["other"],
             "repeats": repeats, "max_tokens": max_tokens, "matrix": {"model": ["m"], **matrix}}
     root.mkdir(parents=True, exist_ok=True)
     path = root.parent / f"{root.name}.yaml"

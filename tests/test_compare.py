@@ -20,6 +20,24 @@ def _folder(root, gpu, outputs, extra_batch=False):
     return root
 
 
+def test_compare_refuses_runs_of_other_prompt_or_batch_mate_texts(tmp_path):
+    """A prompt id is only a name: runs are paired only where both folders gave the same text, with the
+    same batch-mates."""
+    def folder(root, gpu, text, filler):
+        made, cells = synthetic_folder(root, ["p1"], {"gpu": [gpu], "batch_size": [2]}, texts={"p1": text},
+                                       fillers=[filler])
+        made.write_cell(cells[0].id, [row_for(cells[0], "p1", 0, [1, 2], filler_ids=["filler-00"])], "test")
+        return root
+
+    a = folder(tmp_path / "a", "A100", "Why is the sky blue?", "Name a colour.")
+    same = _compare(a, folder(tmp_path / "b", "L40S", "Why is the sky blue?", "Name a colour."), "--format", "json")
+    assert same.returncode == 0 and json.loads(same.stdout)[0]["same"] is True, same.stderr
+    other_prompt = _compare(a, folder(tmp_path / "c", "L40S", "Why is the sea blue?", "Name a colour."))
+    assert other_prompt.returncode == 1 and "prompt 'p1' has another text in B" in other_prompt.stderr
+    other_mates = _compare(a, folder(tmp_path / "d", "L40S", "Why is the sky blue?", "Name a number."))
+    assert other_mates.returncode == 1 and "1 paired run(s) had other batch-mates in B" in other_mates.stderr
+
+
 def _compare(a, b, *extra):
     return subprocess.run([sys.executable, "-m", "harness", "compare", str(a), str(b), *extra],
                           capture_output=True, text=True)

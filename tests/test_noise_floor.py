@@ -139,3 +139,42 @@ def test_rescore_option_scores_the_cells_a_run_ran_and_rescore_resumes(tmp_path)
     assert again.returncode == 0 and "scoring" not in again.stdout  # nothing left to score
     forced = run_harness("rescore", str(out), "--force")
     assert forced.returncode == 0 and "scoring 4 run(s) of 2 cell(s)" in forced.stdout
+
+
+def test_the_scorer_is_placed_like_a_run(folders, tmp_path):
+    """Runs that ran on a GPU are not scored on a machine without it unless asked, and the scorer's machine
+    is in its id and its description, so two machines' scores never pool. The 'GPU' machine is a stand-in
+    nvidia-smi (named so: there is no GPU here); the scorer still computes on this CPU."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from harness.results.store import Store
+
+    from .conftest import fake_nvidia_smi
+
+    root = tmp_path / "A"
+    shutil.copytree(folders["A"], root)
+    shutil.rmtree(root / "rescored", ignore_errors=True)
+    store = Store(root)
+    first, second = sorted(store.cell_files())[:2]
+    store.write_cell(first.stem, [r | {"device": "NVIDIA A100-SXM4-80GB"} for r in pq.read_table(first).to_pylist()])
+    here = run_harness("rescore", str(root))
+    assert here.returncode == 0, here.stderr
+    assert f"cell {first.stem}: the runs ran on NVIDIA A100-SXM4-80GB" in " ".join(here.stdout.split())
+    scores = read_scores(root)
+    assert set(scores.cell_id) == {second.stem}
+    described = json.loads(scores.scorer.iloc[0])
+    assert described["device"] == "cpu" and described["host"] and "engine_info" in described
+
+    env = fake_nvidia_smi(tmp_path / "bin", "NVIDIA A100-SXM4-80GB")
+    there = subprocess.run([sys.executable, "-m", "harness", "rescore", str(root)], capture_output=True, text=True,
+                           env=env)
+    assert there.returncode == 0 and "not scored" not in there.stdout, there.stdout + there.stderr
+    scores = read_scores(root)
+    assert set(scores.cell_id) == {first.stem, second.stem}
+    assert scores.groupby("scorer_id").scorer.nunique().max() == 1 and scores.scorer_id.nunique() == 2
+    forced = run_harness("rescore", str(root), "--any-device", "--force")
+    assert forced.returncode == 0 and "not scored" not in forced.stdout

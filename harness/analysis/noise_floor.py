@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.experiment.matrix import expand
 from harness.analysis.metrics import KEY_COLUMNS, keys_of
-from harness.analysis.rescore import Scorer, deltas, scorable, scorer_spec
+from harness.analysis.rescore import Scorer, deltas, misplaced, scorable, scorer_spec, scoring_machine
 from harness.results.folder import Results
 
 PERMUTATIONS = 4000
@@ -75,9 +75,12 @@ def _values(results: Results, runs: pd.DataFrame, scorer: Scorer, texts: dict[st
 
 
 def within_noise(a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",),
-                 log: Callable[[str], None] = print) -> pd.DataFrame:
-    """One record per A setting (its keys but batch size and the ignored axes) that B has: COLUMNS."""
+                 log: Callable[[str], None] = print, any_device: bool = False) -> pd.DataFrame:
+    """One record per A setting (its keys but batch size and the ignored axes) that B has: COLUMNS.
+    A's scorer computes here: a setting whose A runs ran on a GPU this machine lacks is not scored
+    unless `any_device` (harness.analysis.rescore.misplaced)."""
     runs_a, runs_b = scorable(a, log), scorable(b, log)
+    here = scoring_machine()
     setting_a = a.read_rows(columns=["cell_id", *KEY_COLUMNS]).drop_duplicates("cell_id")
     setting_b = b.read_rows(columns=["cell_id", *KEY_COLUMNS]).drop_duplicates("cell_id")
     keys = [k for k in keys_of(setting_a, drop=set(ignore) | {"batch_size"}) if k in setting_a and k in setting_b]
@@ -99,9 +102,10 @@ def within_noise(a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",),
         same_text = part_b["prompt_id"].map(lambda p: p in texts and texts_b.get(p) == texts[p]).astype(bool)
         left_out = int((~same_text).sum())
         part_b = part_b[same_text]
-        scorer = Scorer(scorer_spec(cell.load_spec()), loaded.base, log)
-        if scorer.refusal:
-            records.append(setting | {"verdict": f"not scored: {scorer.refusal}", "left_out": left_out})
+        scorer = Scorer(scorer_spec(cell.load_spec()), loaded.base, log, here)
+        why = scorer.refusal or (None if any_device else misplaced(part_a["device"].unique(), here))
+        if why:
+            records.append(setting | {"verdict": f"not scored: {why}", "left_out": left_out})
             continue
         log(f"scoring {len(part_a)} run(s) of A and {len(part_b)} of B with {scorer.label}")
         with scorer:

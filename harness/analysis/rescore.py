@@ -22,6 +22,11 @@ keyed by the run (cell, prompt, repeat) and its output hash; a run whose output 
 matched with a stale score. A cell already scored by the same scorer is not scored again (unless
 forced), so `rescore` resumes like `run`. Cells with a shared context (context_tokens > 0) are not rescored: the context text
 is not stored with the rows.
+
+The scorer is placed like a run: its machine (host, device) is part of its id and of its
+description (with the engine's build), so two machines' scores never pool in one set, and runs that
+ran on a GPU are not scored on a machine without that GPU (its CPU would define their noise)
+unless asked (`any_device`), with a line that says why.
 """
 
 from __future__ import annotations
@@ -50,6 +55,30 @@ SCHEMA = pa.schema([
 RUN_COLUMNS = ["runs", "tokens", "mean_abs_delta", "max_abs_delta", "k3_kl", "share_above"]
 
 
+def scoring_machine() -> dict[str, str]:
+    """Where a scorer loaded in this process computes: the host and its GPUs (or 'cpu')."""
+    import socket
+
+    from harness.results.provenance import detect_gpus
+
+    return {"host": socket.gethostname(), "device": ", ".join(g.get("name", "") for g in detect_gpus()) or "cpu"}
+
+
+def misplaced(devices: Any, here: dict[str, str]) -> str | None:
+    """Why runs that ran on `devices` (the rows' what-ran `device`) may not be scored `here`; None
+    when they may (CPU runs, runs of unknown device, or this machine has each of their GPUs)."""
+    ran = sorted({str(d) for d in devices if isinstance(d, str) and d and d != "cpu"})
+    if not ran:
+        return None
+    have = [name.strip() for name in here["device"].split(",")] if here["device"] != "cpu" else []
+    named = [d for d in ran if d != "gpu"]
+    if have and all(name.strip() in have for d in named for name in d.split(",")):
+        return None
+    where = f"this machine ({here['host']}) has " + (", ".join(have) if have else "no GPU: the scorer would compute on its CPU")
+    return (f"the runs ran on {', '.join(ran)}; {where}. Score them where they ran (harness rescore on such a node), "
+            "or pass --any-device to score them here anyway")
+
+
 def scorer_spec(spec: Any, engine: str | None = None, dtype: str | None = None) -> Any:
     """The load a run is scored under: its own, alone and without a prefix cache, unless overridden."""
     return replace(spec, engine=engine or spec.engine, dtype=dtype or spec.dtype, prefix_caching=False,
@@ -60,10 +89,12 @@ class Scorer:
     """One loaded scoring engine; a (prompt, output) pair is scored once, however many runs share it.
     Use it as a context manager: the engine loads on entry and is closed on exit."""
 
-    def __init__(self, spec: Any, base: Path | None, log: Callable[[str], None]) -> None:
+    def __init__(self, spec: Any, base: Path | None, log: Callable[[str], None],
+                 machine: dict[str, str] | None = None) -> None:
         from harness.engines.registry import engine_class
 
         self.spec, self.base, self.log = spec, base, log
+        self.machine = machine or scoring_machine()
         self.cls = engine_class(spec.engine)
         self.label = f"{spec.engine} / {spec.model} dtype={spec.dtype}"
         self.engine: Any = None
@@ -79,9 +110,10 @@ class Scorer:
         os.environ.update(self.cls.environment(self.spec))  # before the engine's library is imported
         self.engine = self.cls(self.spec, self.log, self.base)
         facts = self.engine.describe()
+        build = {k: v for k, v in facts.items() if k in ("engine_version", "model_sha256", "engine_info", "build_sha256",
+                                                           "cpu_kernels", "platform")}
         self.description = json.dumps({"engine": self.spec.engine, "model": self.spec.model, "dtype": self.spec.dtype,
-                                       **{k: v for k, v in facts.items() if k in ("engine_version", "model_sha256")}},
-                                      sort_keys=True)
+                                       **self.machine, **build}, sort_keys=True, default=str)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -96,7 +128,8 @@ class Scorer:
 
 def scorable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
     """The folder's ok runs that can be scored (a shared context is not stored: those are left out, said)."""
-    rows = results.read_rows(columns=["cell_id", "prompt_id", "repeat", "status", "output_hash", "context_tokens"])
+    rows = results.read_rows(columns=["cell_id", "prompt_id", "repeat", "status", "output_hash", "context_tokens",
+                                      "device"])
     ok = rows[rows["status"] == "ok"]
     shared = ok["context_tokens"].fillna(0) > 0
     if shared.any():
@@ -106,29 +139,35 @@ def scorable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
 
 def rescore(results: Results, engine: str | None = None, dtype: str | None = None,
             log: Callable[[str], None] = print, cell_ids: set[str] | None = None,
-            force: bool = False) -> tuple[list[Path], list[str]]:
+            force: bool = False, any_device: bool = False) -> tuple[list[Path], list[str]]:
     """Score the ok runs of the folder's current cells (or of `cell_ids`); a cell already scored by
     the same scorer is skipped unless `force`. Returns (the files written, one per scorer and cell;
-    the scorers that refused, each with its reason). A refusal leaves the others to run."""
+    the scorers and cells that refused, each with its reason). A refusal leaves the others to run;
+    cells whose runs ran on a GPU this machine lacks refuse unless `any_device` (see `misplaced`)."""
     from harness.engines.base import Unsupported
     from harness.results.store import Store
 
     ok = scorable(results, log)
+    here = scoring_machine()
     cells = {c.id: (c, loaded) for loaded in results.experiments for c in expand(loaded)}
     by_scorer: dict[str, tuple[Any, Any, list[str]]] = {}
-    for cell_id in ok["cell_id"].unique():
+    written, refused = [], []
+    for cell_id, devices in ok.groupby("cell_id", sort=False)["device"]:
         if cell_id in cells and (cell_ids is None or cell_id in cell_ids):
             cell, loaded = cells[cell_id]
+            why = None if any_device else misplaced(devices.unique(), here)
+            if why is not None:
+                refused.append(f"cell {cell_id}: {why}")
+                continue
             spec = scorer_spec(cell.load_spec(), engine, dtype)
-            key = digest({"spec": repr(spec)}, 12)
+            key = digest({"spec": repr(spec), **here}, 12)
             if force or not _path(results.root, key, cell_id).exists():
                 by_scorer.setdefault(key, (spec, loaded, []))[2].append(cell_id)
-    written, refused = [], []
     for key, (spec, loaded, chosen) in by_scorer.items():
         runs = ok[ok["cell_id"].isin(chosen)]
         tokens = results.tokens_for(set(runs["output_hash"]))
         texts = {p.id: p.text for p in loaded.prompt_set.prompts}
-        scorer = Scorer(spec, loaded.base, log)
+        scorer = Scorer(spec, loaded.base, log, here)
         if scorer.refusal:
             refused.append(scorer.refusal)
             continue

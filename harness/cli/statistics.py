@@ -103,6 +103,9 @@ def rescore(
                                     "token counts in share_above (0.18: a probability ratio of 1.2)."),
     stats_only: bool = typer.Option(False, "--stats-only", help="Show the figures of scores already stored; score nothing."),
     force: bool = typer.Option(False, "--force", help="Score again cells this scorer has scored already."),
+    any_device: bool = typer.Option(False, "--any-device", help="Score runs that ran on a GPU this machine lacks "
+                                    "here anyway (by default they are refused: this machine's CPU would define "
+                                    "their noise)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per scorer, cell and prompt."),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
@@ -122,7 +125,8 @@ def rescore(
     screen = data_console(fmt)  # stdout holds the data
     if not stats_only:
         with stdout_to_stderr(fmt != "table"):
-            written, refused = scoring.rescore(found, engine, dtype, log=lambda m: screen.print(escape(m)), force=force)
+            written, refused = scoring.rescore(found, engine, dtype, log=lambda m: screen.print(escape(m)), force=force,
+                                               any_device=any_device)
         if written:
             screen.print(f"wrote {len(written)} score file(s) under {escape(str(written[0].parent.parent))}")
         for why in refused:
@@ -151,6 +155,8 @@ def compare(
                                "repeats and batch sizes, with a permutation p-value (harness.analysis.noise_floor)."),
     gate: bool = typer.Option(False, "--gate", help="With --score: exit 1 when B is beyond A's noise in any "
                               "setting (an engine upgrade or a provider that must stay within it)."),
+    any_device: bool = typer.Option(False, "--any-device", help="With --score: score A's runs here even where they "
+                                    "ran on a GPU this machine lacks."),
 ) -> None:
     """Per prompt and matching setting: same or different between two folders, and where they split.
 
@@ -170,7 +176,7 @@ def compare(
     if gate and not score:
         raise UsageError("--gate judges the noise floor: give --score too")
     if score:
-        _noise_floor(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore), fmt, gate)
+        _noise_floor(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore), fmt, gate, any_device)
         return
     result = run_compare(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore),
                          parse_allow_mixed(allow_mixed))
@@ -184,14 +190,14 @@ def compare(
         screen.print(item)
 
 
-def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool) -> None:
+def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool, any_device: bool) -> None:
     """`compare --score`: one verdict per setting, as lines or records; exit 1 under --gate when one is beyond."""
     from harness.analysis import noise_floor
     from harness.report.compare_view import noise_floor_lines
 
     screen = data_console(fmt)
     with stdout_to_stderr(fmt != "table"):
-        frame = noise_floor.within_noise(a, b, ignore, log=lambda m: screen.print(escape(m)))
+        frame = noise_floor.within_noise(a, b, ignore, log=lambda m: screen.print(escape(m)), any_device=any_device)
     if fmt in ("json", "csv"):
         write_frame(frame, fmt)
     else:
