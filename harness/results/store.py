@@ -47,7 +47,7 @@ ROW_SCHEMA = pa.schema(
         ("filler_ids", pa.list_(pa.string())),
         ("run_key", pa.string()),
         # settings: one column per declared axis (harness.experiment.axes), named and typed by it
-        *[(axis.name, axis.arrow) for axis in AXES_DECLARED],
+        *[(axis.name, getattr(pa, axis.arrow)()) for axis in AXES_DECLARED],
         ("max_tokens", pa.int32()),
         ("engine_options", pa.string()),
         ("model_file", pa.string()),
@@ -150,7 +150,8 @@ def _refuse_newer(path: Path, table: pa.Table) -> None:
     newest = pc.max(table.column("schema_version")).as_py()
     if newest is not None and newest > SCHEMA_VERSION:
         try:
-            writers = sorted(set(pq.read_table(path, columns=["harness_version"]).column(0).to_pylist()) - {None, ""})
+            writers = sorted(set(pq.ParquetFile(path).read(columns=["harness_version"]).column(0).to_pylist())
+                             - {None, ""})
         except (pa.ArrowInvalid, KeyError):
             writers = []
         raise HarnessError(
@@ -251,7 +252,7 @@ def _shared_strings(frame: "pd.DataFrame", keep: Iterable[str] = ()) -> "pd.Data
 def _rows_at(path: Path) -> list[dict[str, Any]]:
     """A file's rows as written; empty when it is gone or unreadable; refused when a newer harness wrote it."""
     try:
-        table = pq.read_table(path)
+        table = pq.ParquetFile(path).read()
     except (pa.ArrowInvalid, OSError):
         return []
     _refuse_newer(path, table)
@@ -275,9 +276,12 @@ class Store:
 
     def statuses(self, cell_id: str) -> list[str]:
         """The status of each row of a cell; empty when the cell is absent or unreadable."""
-        try:
-            return pq.read_table(self.cell_path(cell_id), columns=["status"]).column("status").to_pylist()
-        except (pa.ArrowInvalid, OSError):
+        path = self.cell_path(cell_id)
+        if not path.is_file():
+            return []
+        try:  # one file, one column: ParquetFile (pq.read_table would import pyarrow.dataset, and pandas with it)
+            return pq.ParquetFile(path).read(columns=["status"]).column("status").to_pylist()
+        except (pa.ArrowInvalid, OSError, KeyError):
             return []
 
     def is_done(self, cell_id: str) -> bool:

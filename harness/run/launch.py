@@ -14,6 +14,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,26 +42,75 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
-def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: float | None) -> Outcome:
-    """Run a worker to completion, relaying its progress; kill its process group on timeout or Ctrl-C."""
-    read_fd, write_fd = os.pipe()
+class SpareWorker:
+    """A worker process started before there is work for it, so that its interpreter start and the
+    harness's imports (pydantic, pyarrow, numpy: about half a second) overlap the parent's reading of
+    the experiment. It imports no engine library and sets the group's environment itself when its
+    work order comes, before the engine loads; unused, it ends when released. Take it once (`take`)."""
+
+    def __init__(self) -> None:
+        #: set when a load takes the spare: from then on the parent only waits, and may import meanwhile
+        self.taken = threading.Event()
+        self.read_fd, self.write_fd = os.pipe()
+        self.proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", "harness.run.worker", "--spare", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(self.write_fd,), start_new_session=True,
+        )
+        os.close(self.write_fd)  # the worker holds the only write end: its exit is the pipe's end
+
+    def take(self) -> tuple[subprocess.Popen, int, int] | None:
+        """(the process, the pipe's read end here, its write end's number there), once; None after."""
+        proc, self.proc = self.proc, None
+        self.taken.set()
+        return None if proc is None or proc.poll() is not None else (proc, self.read_fd, self.write_fd)
+
+    def release(self) -> None:
+        """End the spare if it was not taken: its stdin closes, and it exits."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            _kill(proc)
+        os.close(self.read_fd)
+
+    def __enter__(self) -> SpareWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: float | None,
+           spare: SpareWorker | None = None) -> Outcome:
+    """Run a worker to completion (the spare one where given), relaying its progress; kill its process
+    group on timeout or Ctrl-C."""
     log_path = Path(order.log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    order = replace(order, fd=write_fd, parent_pid=os.getpid())
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.run.worker"],
-            env={**os.environ, **env},
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
-            start_new_session=True,  # one process group: everything it spawns is killed with it
-        )
-    os.close(write_fd)
+    taken = spare.take() if spare is not None else None
+    if taken is not None:
+        proc, read_fd, child_fd = taken
+    else:
+        read_fd, child_fd = os.pipe()
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.run.worker"],
+                env={**os.environ, **env},
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(child_fd,),
+                start_new_session=True,  # one process group: everything it spawns is killed with it
+            )
+        os.close(child_fd)
+    order = replace(order, fd=child_fd, parent_pid=os.getpid())
     try:
         assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps(order))
+        proc.stdin.write(pickle.dumps((env, order)))
         proc.stdin.close()
     except BrokenPipeError:
         pass  # the worker died at start; its exit code and log say why

@@ -15,7 +15,7 @@ from harness.results import provenance
 from harness.experiment.config import LoadedExperiment
 from harness.engines.registry import engine_class
 from harness.run.enforced import device_environment
-from harness.run.launch import launch
+from harness.run.launch import SpareWorker, launch
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
 from harness.core.redaction import redact_text, scrub
 from harness.results.folder import ResultsFolder
@@ -60,6 +60,7 @@ class Runner:
         reporter: Reporter | None = None,
         group_timeout_s: float | None = None,
         checkpoint_s: float = 10.0,
+        spare: SpareWorker | None = None,
     ) -> None:
         self.loaded = loaded
         self.folder = folder
@@ -67,6 +68,8 @@ class Runner:
         self.reporter = reporter or SilentReporter()
         self.group_timeout_s = group_timeout_s
         self.checkpoint_s = checkpoint_s
+        #: a worker already started (its imports done) that the first group's load may take
+        self.spare = spare
         self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
         #: the folder now holds this experiment; what it held before (if other) went stale
         self.adoption = folder.adopt(loaded)
@@ -124,7 +127,7 @@ class Runner:
         env = cls.environment(grp.spec) | pinned | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         secrets = secrets_of(grp.spec.options)
         self.folder.secrets = self.folder.secrets | secrets  # the rows this run lands for the group
-        outcome = launch(order, env, self.reporter, self.group_timeout_s)
+        outcome = launch(order, env, self.reporter, self.group_timeout_s, self.spare)
         outcome.cause = redact_text(outcome.cause, secrets)
         for path in log_path.parent.glob("*.log"):  # the worker's and its servers' logs
             scrub(path, secrets)

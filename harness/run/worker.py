@@ -27,7 +27,8 @@ PARENT_POLL_S = 0.5
 
 @dataclass(frozen=True)
 class WorkOrder:
-    """Everything a worker needs, handed over by the parent: no file is re-read in the child."""
+    """Everything a worker needs, handed over by the parent: no file is re-read in the child. It comes on
+    stdin as (the group's environment, the order)."""
 
     loaded: LoadedExperiment
     group: Group
@@ -81,6 +82,9 @@ class PipeReporter:
         from harness.core.redaction import redact_text
 
         self._send(log=redact_text(message, self._secrets))
+
+    def close(self) -> None:
+        self._out.close()
 
 
 _CAUSE = re.compile(r"\b([A-Z][A-Za-z]*(Error|Exception)|NotImplementedError|AssertionError): .+")
@@ -467,12 +471,47 @@ def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Th
     return thread
 
 
+def _as_spare(parent_pid: int) -> WorkOrder | None:
+    """A spare worker (harness.run.launch.SpareWorker): import what every worker needs while the parent
+    reads the experiment, then wait for the work order (None: released unused). The group's
+    environment and log come with it and are set here, before any engine library is imported."""
+    watch_parent(parent_pid)
+    import harness.results.folder  # noqa: F401 - pyarrow, pydantic, numpy: the imports this start saves
+    import harness.results.rows  # noqa: F401 - and numpy
+
+    try:
+        env, order = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        return None
+    os.environ.update(env)
+    Path(order.log).parent.mkdir(parents=True, exist_ok=True)
+    log = os.open(order.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    return order
+
+
 def main() -> int:
-    """Worker entry: read the work order from stdin, run its cells."""
-    order: WorkOrder = pickle.load(sys.stdin.buffer)
-    if order.parent_pid:
-        watch_parent(order.parent_pid)
-    GroupRunner(order, PipeReporter(order.fd, secrets_of(order.group.spec.options))).run()
+    """Worker entry: read the environment and work order from stdin, run its cells."""
+    if sys.argv[1:2] == ["--spare"]:
+        spare = _as_spare(int(sys.argv[2]))
+        if spare is None:
+            return 0
+        order = spare
+    else:
+        order = pickle.load(sys.stdin.buffer)[1]  # the environment was set at the process's start
+        if order.parent_pid:
+            watch_parent(order.parent_pid)
+    reporter = PipeReporter(order.fd, secrets_of(order.group.spec.options))
+    GroupRunner(order, reporter).run()
+    from harness.engines.registry import engine_class
+
+    if engine_class(order.group.spec.engine).exits_fast:  # every cell landed, the engine closed
+        reporter.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
