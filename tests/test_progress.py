@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 
 from rich.console import Console
@@ -20,3 +21,23 @@ def test_plain_reporter_heartbeat_and_eta():
     text = out.getvalue().splitlines()
     beats = [l for l in text if l.startswith("progress: 5/10 generations, 0/2 cells")]
     assert len(beats) >= 2 and all("eta 0:00:0" in l for l in beats), text
+
+
+def test_a_spare_worker_released_unused_ends_at_once_and_a_taken_one_is_taken_once():
+    """The spare worker `harness run` starts before it reads the experiment (harness.run.launch.SpareWorker):
+    released unused, it exits 0 on its own; taken, it is handed out once."""
+    import time
+
+    from harness.run.launch import SpareWorker
+
+    spare = SpareWorker()
+    proc = spare.proc
+    t0 = time.monotonic()
+    spare.release()
+    assert proc.returncode == 0 and time.monotonic() - t0 < 10
+    with SpareWorker() as other:
+        taken = other.take()
+        assert taken is not None and other.take() is None and other.taken.is_set()
+        taken[0].stdin.close()  # no work after all: it ends
+        assert taken[0].wait(timeout=10) == 0
+        os.close(taken[1])

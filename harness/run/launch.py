@@ -63,7 +63,12 @@ class SpareWorker:
         """(the process, the pipe's read end here, its write end's number there), once; None after."""
         proc, self.proc = self.proc, None
         self.taken.set()
-        return None if proc is None or proc.poll() is not None else (proc, self.read_fd, self.write_fd)
+        if proc is None:
+            return None
+        if proc.poll() is not None:  # it died before any work (its cause is the fresh worker's to show)
+            os.close(self.read_fd)
+            return None
+        return proc, self.read_fd, self.write_fd
 
     def release(self) -> None:
         """End the spare if it was not taken: its stdin closes, and it exits."""
