@@ -342,7 +342,7 @@ class GroupRunner:
     def run(self) -> None:
         from harness.engines.registry import engine_class
         from harness.engines.base import Unsupported
-        from harness.core.redaction import expand
+        from harness.core.redaction import expand, redact_rows
         from harness.run.probes import LogitProbes
 
         cells = self.order.cells
@@ -364,7 +364,8 @@ class GroupRunner:
             self.reporter.log(f"[{spec.engine}] load {status}: {message}")
             return
         with engine:
-            engine_cols = self.rows.engine_columns(engine.describe())
+            # as rows store it (redacted), so that kept rows compare with this load like for like
+            engine_cols = redact_rows([self.rows.engine_columns(engine.describe())], self.folder.secrets)[0]
             ran, reason = self._what_ran(engine, cells[0])  # the group's cells share gpu and batch_invariant
             if reason is not None:  # known at load: no cell runs on what it did not ask for
                 for cell in cells:
