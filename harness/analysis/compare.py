@@ -136,12 +136,17 @@ def refuse_other_texts(a: Results, b: Results, runs: pd.DataFrame) -> None:
     if contexts_a != contexts_b:
         raise HarnessError(f"the shared context differs (A: {', '.join(contexts_a)}; B: {', '.join(contexts_b)}): "
                            "runs with other text before the prompt cannot be paired")
-    mates = runs[["filler_ids_a", "filler_ids_b", "prompt_id", "repeat"]].copy()
+    # an experiment draws its batches per (batch size, prompt, repeat): their texts are compared once each,
+    # not once per paired run (a million-run comparison has a few thousand batches; a folder merged from
+    # experiments with other filler draws is the case this leaves to the first batch of each)
+    batch = [k for k in ("batch_size", "prompt_id", "repeat") if k in runs]
+    mates = runs.drop_duplicates(batch)[batch + ["filler_ids_a", "filler_ids_b"]].copy()
     for side, texts in (("_a", fillers_a), ("_b", fillers_b)):
         mates["mates" + side] = [tuple(texts.get(f, f) for f in ids) if ids is not None else ()
                                  for ids in mates["filler_ids" + side]]
-    other = mates[mates["mates_a"] != mates["mates_b"]]
-    if not other.empty:
+    differ = mates[mates["mates_a"] != mates["mates_b"]][batch]
+    if not differ.empty:
+        other = runs[batch].merge(differ, on=batch)
         first = other.iloc[0]
         raise HarnessError(f"{len(other)} paired run(s) had other batch-mates in B than in A (e.g. prompt "
                            f"'{first.prompt_id}' repeat {first.repeat}): their filler texts or the draw of fillers "

@@ -201,8 +201,15 @@ def redact_text(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> 
 def redact_rows(rows: list[dict[str, Any]], secrets: set[str] | frozenset[str] = frozenset(),
                 columns: tuple[str, ...] = ("error", "engine_info")) -> list[dict[str, Any]]:
     """Rows with the free-text columns that may quote a credential (an error's text, an engine's
-    description) through redact_text."""
-    return [r | {c: redact_text(r[c], secrets) for c in columns if isinstance(r.get(c), str) and r[c]} for r in rows]
+    description) through redact_text, each distinct text once (a cell's rows share one engine_info)."""
+    done: dict[str, str] = {}
+
+    def clean(text: str) -> str:
+        if text not in done:
+            done[text] = redact_text(text, secrets)
+        return done[text]
+
+    return [r | {c: clean(r[c]) for c in columns if isinstance(r.get(c), str) and r[c]} for r in rows]
 
 
 def scrub(path: Path, secrets: set[str]) -> None:
