@@ -15,11 +15,13 @@ import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
 
-def main() -> None:
-    port, upstream = int(sys.argv[1]), f"http://127.0.0.1:{sys.argv[2]}"
-    server = subprocess.Popen(sys.argv[sys.argv.index("--") + 1:])
+def relay(port: int, upstream: str, server_args: list[str], rewrite: Callable[[dict], dict]) -> None:
+    """Start the real server (`server_args`), and serve `port` by forwarding every request to
+    `upstream`, each POST body passed through `rewrite` on the way, until killed."""
+    server = subprocess.Popen(server_args)
 
     class Forward(BaseHTTPRequestHandler):
         def _relay(self, body: bytes | None) -> None:
@@ -43,8 +45,7 @@ def main() -> None:
 
         def do_POST(self) -> None:  # noqa: N802
             payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            payload.pop("seed", None)
-            self._relay(json.dumps(payload).encode())
+            self._relay(json.dumps(rewrite(payload)).encode())
 
         def log_message(self, *args: object) -> None: ...
 
@@ -55,5 +56,10 @@ def main() -> None:
         time.sleep(0.1)
 
 
+def _without_seed(payload: dict) -> dict:
+    payload.pop("seed", None)
+    return payload
+
+
 if __name__ == "__main__":
-    main()
+    relay(int(sys.argv[1]), f"http://127.0.0.1:{sys.argv[2]}", sys.argv[sys.argv.index("--") + 1:], _without_seed)

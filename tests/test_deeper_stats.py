@@ -224,7 +224,7 @@ def test_gate_bound_rule_reads_prompts_unless_asked_for_pooled(tmp_path):
     assert "0/220 diverged over 20 prompt(s); 95% upper bound 13.9% (prompts) > 5%" in verdicts[0].detail
     lines = "\n".join(__import__("harness.report.table", fromlist=["x"]).verdict_lines(analysis.summary,
                                                                                       analysis.by_setting))
-    assert "batch_size=8: 220/220 runs identical to the reference; divergence rate < 14% (95% upper bound, " \
+    assert "batch_size=8: same tokens; 220/220 runs identical to the reference; divergence rate < 14% (95% upper bound, " \
            "prompts as the unit; pooled over runs: < 1%)" in lines
 
 

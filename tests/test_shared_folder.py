@@ -73,6 +73,28 @@ def test_checkpoints_outlive_landings_that_are_not_done_and_go_once_the_cell_is(
     assert folder.partial() == {} and not folder.store.partial_dir.exists()
 
 
+def test_a_checkpoint_whose_folder_another_task_removed_meanwhile_is_written_again(tmp_path, monkeypatch):
+    """Task A lands c done and removes partial/c while task C writes a checkpoint of c into it: C's
+    write is tried again (c not done) or dropped (c done), and C's worker goes on either way."""
+    folder = ResultsFolder(tmp_path)
+    real = folder.store.write_part
+    calls = []
+
+    def removed_first(cell_id, name, rows):
+        calls.append(name)
+        if len(calls) == 1:
+            raise FileNotFoundError(f"{tmp_path}/partial/{cell_id}/.{name}.tmp")
+        return real(cell_id, name, rows)
+
+    monkeypatch.setattr(folder.store, "write_part", removed_first)
+    folder.checkpoint("c", "task-c-00000.parquet", _rows("c", "ok", 1))
+    assert calls == ["task-c-00000.parquet"] * 2 and folder.partial() == {"c": 1}
+    folder.write_cell("c", _rows("c", "ok"), "task-a")  # done now: a vanished folder is not made again
+    calls.clear()
+    folder.checkpoint("c", "task-c-00001.parquet", _rows("c", "ok", 1))
+    assert calls == ["task-c-00001.parquet"] and folder.partial() == {}
+
+
 class _LandsMeanwhile:
     """A progress reporter that, once the run has chosen its cells, lands another task's cell."""
 

@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.analysis import answer_metrics, by_setting, metrics, near_ties, survival
+from harness.analysis import answer_metrics, by_setting, flips, guarantees, metrics, near_ties, survival
 from harness.results import provenance_fields
 from harness.run.probes import PROBE_COLUMNS
 from harness.results.folder import Results
@@ -35,23 +35,32 @@ class Analysis:
 
     def __init__(self, results: Results, reference: dict[str, Any] | None = None,
                  allow_mixed: Iterable[str] = frozenset(), reference_run: str = "first",
-                 near_tie: float = near_ties.NEAR_TIE) -> None:
+                 near_tie: float = near_ties.NEAR_TIE, confident: float = flips.CONFIDENT) -> None:
         metrics.refuse_reference_run(reference_run)
+        flips.check_thresholds(near_tie, confident)
         self.results = results
         self.reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
         self.allow_mixed = frozenset(allow_mixed)
         self.reference_run = reference_run
         #: the top-2 margin below which a step is a near tie (harness.analysis.near_ties)
         self.near_tie = near_tie
+        #: the reference margin at or above which a departure is a confident flip (harness.analysis.flips)
+        self.confident = confident
 
     @classmethod
     def parsed(cls, results: Results, reference: list[str], allow_mixed: list[str],
-               reference_run: str = "first", near_tie: float = near_ties.NEAR_TIE) -> Analysis:
+               reference_run: str = "first", near_tie: float = near_ties.NEAR_TIE,
+               confident: float = flips.CONFIDENT) -> Analysis:
         """From command-line values: `--reference AXIS=VALUE ...`, `--allow-mixed FIELD ...`,
-        `--reference-run first|modal` and `--near-tie EPS` (bad values are a UsageError naming what
-        is allowed)."""
+        `--reference-run first|modal`, `--near-tie EPS` and `--confident-margin M` (bad values are a
+        UsageError naming what is allowed)."""
+        from harness.core.errors import UsageError
+
+        if not near_tie <= confident:
+            raise UsageError(f"--near-tie {near_tie:g} is above --confident-margin {confident:g}: a near tie is "
+                             "a smaller margin than a confident one")
         return cls(results, metrics.parse_reference(reference or []), metrics.parse_allow_mixed(allow_mixed),
-                   reference_run, near_tie)
+                   reference_run, near_tie, confident)
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -90,8 +99,17 @@ class Analysis:
         return survival.curves(self.compared)
 
     @cached_property
+    def _tie_runs(self) -> pd.DataFrame:
+        return near_ties.per_run(self.compared, self.results.margins_for, self.near_tie)
+
+    @cached_property
     def _tie_counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        return near_ties.count(self.compared, self.results.margins_for, self.near_tie)
+        return near_ties.count_runs(self._tie_runs, metrics.keys_of(self.compared))
+
+    @cached_property
+    def flips(self) -> pd.DataFrame:
+        """Per departed run: where, the reference's margin there, and its flip class (harness.analysis.flips)."""
+        return flips.per_run(self._tie_runs, metrics.keys_of(self.compared), self.near_tie, self.confident)
 
     @property
     def near_ties(self) -> pd.DataFrame:
@@ -105,8 +123,12 @@ class Analysis:
 
     @cached_property
     def by_setting(self) -> pd.DataFrame:
-        """Per setting: compared runs, divergence rate with both bounds, survival median, near ties."""
-        return by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties)
+        """Per setting: compared runs, divergence rate with both bounds, survival median, near ties,
+        flip classes, and the strongest guarantee class that holds (harness.analysis.guarantees)."""
+        keys = metrics.keys_of(self.compared)
+        table = by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties,
+                                     flips.per_setting(self.flips, keys))
+        return guarantees.classify(table, guarantees.floors(self.compared, keys), self.answers)
 
     @cached_property
     def slowdown(self) -> pd.DataFrame:
@@ -182,5 +204,6 @@ TABLES: dict[str, tuple[str, str, bool]] = {
     "answers": ("answers", "answers", False),
     "survival": ("survival", "survival", False),
     "flips_by_margin": ("flips_by_margin", "flips_by_margin", False),
+    "flips": ("flips", "flips", False),
 }
 

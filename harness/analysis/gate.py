@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from xml.sax.saxutils import escape, quoteattr
 
 import pandas as pd
@@ -62,8 +62,23 @@ def _judge_answers(rule: Expectation, answers: pd.DataFrame) -> tuple[list[str],
     return problems, judged
 
 
+def _scoped(cells: pd.DataFrame, scope: str) -> pd.DataFrame:
+    """The records with their compared/diverged/match-rate/unique-output figures taken from one scope's
+    runs (same_boot, cross_boot: harness.analysis.metrics.BOOT_COLUMNS); 'all' leaves them as they are."""
+    if scope == "all":
+        return cells
+    compared = cells[f"{scope}_compared"].fillna(0) if f"{scope}_compared" in cells else 0 * cells["runs"]
+    diverged = cells[f"{scope}_diverged"].fillna(0) if f"{scope}_diverged" in cells else 0 * cells["runs"]
+    out = cells.assign(compared=compared, diverged=diverged,
+                       match_rate=((compared - diverged) / compared).where(compared > 0))
+    if scope == "same_boot" and "unique_outputs_within_load" in cells:
+        out["unique_outputs"] = cells["unique_outputs_within_load"]
+    return out
+
+
 def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[list[str], dict[str, int]]:
     """(problems, how many records each condition of the rule judged) for the records it selects."""
+    cells = _scoped(cells, rule.scope)
     problems: list[str] = []
     judged: dict[str, int] = {}
     ran = cells[cells["runs"] > 0]
@@ -122,6 +137,55 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
     return problems, judged
 
 
+def _setting_of(record: dict[str, Any], frame: pd.DataFrame) -> str:
+    return ", ".join(f"{k}={record[k]}" for k in _varying_keys(frame)) or "all cells"
+
+
+def _judge_settings(rule: Expectation, settings: Callable[[], pd.DataFrame],
+                    flips: Callable[[], pd.DataFrame]) -> tuple[list[str], dict[str, int]]:
+    """The per-setting rules: guarantee classes (harness.analysis.guarantees) and confident flips
+    (harness.analysis.flips), on the settings the rule's `where` selects; read only when asked."""
+    from harness.analysis import flips as flips_module
+    from harness.analysis.guarantees import holds
+
+    problems: list[str] = []
+    judged: dict[str, int] = {}
+    if rule.guarantee is not None:
+        chosen = _where(settings(), rule.where)
+        chosen = chosen[chosen["compared"] > 0]
+        judged["guarantee"] = len(chosen)
+        for r in chosen.to_dict("records"):
+            if not holds(r["guarantee"], rule.guarantee):
+                problems.append(f"{_setting_of(r, chosen)}: {r['guarantee']} (wants {rule.guarantee} or stronger): "
+                                f"{r['guarantee_evidence']}")
+    if rule.confident_flips_max is not None:
+        table = settings()
+        chosen = _where(table, rule.where)
+        greedy = chosen[(chosen["compared"] > 0) & ~(chosen["temperature"].astype(float) > 0)]
+        judged["confident_flips_max"] = len(greedy)
+        departed = _where(flips(), rule.where)
+        departed = departed[~(departed["temperature"].astype(float) > 0)] if "temperature" in departed else departed
+        margin = flips_module.CONFIDENT if rule.confident_margin is None else rule.confident_margin
+        keys = [k for k in keys_of(table) if k in departed]
+        for r in greedy.to_dict("records"):
+            mine = departed
+            for k in keys:
+                mine = mine[mine[k].isna()] if pd.isna(r[k]) else mine[mine[k] == r[k]]
+            known = mine["flip_margin"].notna()
+            confident = mine[known & (mine["flip_margin"] >= margin)]
+            label = _setting_of(r, chosen)
+            if len(confident) > rule.confident_flips_max:
+                worst = confident.sort_values("flip_margin", ascending=False).iloc[0]
+                problems.append(f"{label}: {len(confident)} confident flip(s) (reference margin >= {margin:g}), "
+                                f"largest {worst.flip_margin:.2f} at token {int(worst.first_divergence)} of "
+                                f"{worst.prompt_id}@{worst.cell_id}; a likely bug, not rounding")
+            if (~known).any():
+                problems.append(f"{label}: {int((~known).sum())} departure(s) with no reference margin recorded, so "
+                                "confident flips cannot be ruled out (an engine that returns no top-2, or a split past "
+                                "the reference's end)")
+    return problems, judged
+
+
 def _varying_keys(frame: pd.DataFrame) -> list[str]:
     """The setting columns that tell a frame's records apart."""
     return varying(frame, keys_of(frame))
@@ -160,14 +224,18 @@ def _not_run(rule: Expectation, cells: pd.DataFrame, missing: pd.DataFrame) -> l
 
 def evaluate(
     rules: list[Expectation], summary: pd.DataFrame, cost: pd.DataFrame, answers: pd.DataFrame | None = None,
-    missing: pd.DataFrame | None = None,
+    missing: pd.DataFrame | None = None, settings: Callable[[], pd.DataFrame] | None = None,
+    flips: Callable[[], pd.DataFrame] | None = None,
 ) -> list[Verdict]:
     """One verdict per rule. A rule fails when it matches nothing, when one of its conditions judges
     nothing (no compared runs, no paired timings), when a cell it selects never ran, was skipped
     (unless allow_missing), was refused by its engine (unless allow_unsupported) or has failed runs
-    (unless allow_failed). `missing` lists the experiment's
-    cells with no results (cell_id and setting columns)."""
+    (unless allow_failed). `missing` lists the experiment's cells with no results (cell_id and
+    setting columns); `settings` and `flips` give the per-setting table (with guarantee classes)
+    and the departed runs, for the rules that read them."""
     missing = pd.DataFrame(columns=["cell_id"]) if missing is None else missing
+    empty = (lambda: pd.DataFrame(columns=["compared", "temperature", "guarantee", "flip_margin"]))
+    settings, flips = settings or empty, flips or empty
     verdicts = []
     for index, rule in enumerate(rules):
         label = _label(index, rule)
@@ -179,6 +247,9 @@ def evaluate(
         more, counted = _judge_answers(rule, answers if answers is not None else pd.DataFrame())
         problems = problems + more
         judged |= counted
+        if not cells.empty:
+            more, counted = _judge_settings(rule, settings, flips)
+            problems, judged = problems + more, judged | counted
         failed = int(cells["n_failed"].sum()) if not cells.empty else 0
         if failed and not rule.allow_failed and rule.status != "failed":
             first = cells[cells["n_failed"] > 0].iloc[0]
@@ -221,4 +292,5 @@ def check_folder(analysis: Any, rules: list[Expectation] | None = None) -> list[
         rules = [r for e in analysis.results.experiments for r in e.experiment.expect]
         if not rules:
             raise HarnessError(f"{analysis.results.root}: the experiment has no 'expect:' rules; give --expect FILE")
-    return evaluate(rules, analysis.summary, analysis.slowdown, analysis.answers, analysis.missing())
+    return evaluate(rules, analysis.summary, analysis.slowdown, analysis.answers, analysis.missing(),
+                    lambda: analysis.by_setting, lambda: analysis.flips)

@@ -52,13 +52,15 @@ IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
     "dtype": frozenset({"model_sha256", "cpu_kernels"}),  # llama.cpp repacks some weight types, not others
     "engine": frozenset({"engine_version", "model_sha256", "chat_template", "cpu_kernels"}),
     "gpu": frozenset({"host", "cpu_kernels"}),
+    # another interpreter: another build of the engine, its chat template and kernels
+    "environment": frozenset({"engine_version", "chat_template", "cpu_kernels"}),
     "llamacpp.extra_bufts": frozenset({"cpu_kernels"}),
     "llama-server.extra_bufts": frozenset({"cpu_kernels"}),
 }
 #: the row columns the pairing rule reads
 PROVENANCE_COLUMNS = list(provenance_fields.PAIRED)
 ROW_COLUMNS = list(KEY_COLUMNS) + [
-    "cell_id", "prompt_id", "repeat", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
+    "cell_id", "prompt_id", "repeat", "boot", "load_id", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
     "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used",
     "prefill_probe_steps", "prefill_probe_steps_differed", "prefill_probe_first_diff_step",
     "prefill_probe_max_abs_diff", "prefill_probe_kl_mean", "prefill_probe_kl_max",
@@ -344,13 +346,14 @@ def against_reference(
     stands, share, tie = _stand_ins(ok, reference_run)
     first = ok[stands].assign(reference_share=share[stands], reference_tie=tie[stands])
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
-    if "logprobs_hash" not in ok:
-        ok["logprobs_hash"] = None
-        first = first.assign(logprobs_hash=None)
+    for column in ("logprobs_hash", "load_id"):
+        if column not in ok:
+            ok[column] = None
+            first = first.assign(**{column: None})
     ref_table = first[keys + ["prompt_id", "output_hash", "cell_id", "logprobs_hash", "repeat", "reference_share",
-                              "reference_tie"]].rename(
+                              "reference_tie", "load_id"]].rename(
         columns={"output_hash": "ref_hash", "cell_id": "reference_cell", "logprobs_hash": "ref_logprobs_hash",
-                 "repeat": "reference_repeat"}
+                 "repeat": "reference_repeat", "load_id": "reference_load"}
     )
     # Settings are constant inside a cell: find each cell's reference runs once, at the cell level
     # (a few hundred records), then give every run those of its cell and prompt.
@@ -359,7 +362,7 @@ def against_reference(
         lookup[axis] = value
     lookup = lookup.astype({k: ref_table[k].dtype for k in keys if k in ref_table})
     carried = ["ref_hash", "reference_cell", "ref_logprobs_hash", "reference_repeat", "reference_share",
-               "reference_tie"]
+               "reference_tie", "reference_load"]
     per_cell = lookup.merge(ref_table, on=keys, how="inner")[["cell_id", "prompt_id"] + carried]
     merged = ok[["cell_id", "prompt_id"]].merge(per_cell, on=["cell_id", "prompt_id"], how="left")
     for column in carried:
@@ -380,6 +383,9 @@ def against_reference(
     ok.loc[ok["is_reference"], "ref_hash"] = None
     has_ref = ok["ref_hash"].notna()
     ok["matched"] = np.where(has_ref, ok["output_hash"] == ok["ref_hash"], np.nan)
+    # same boot: the run and its reference run came from one engine load (unknown for older rows)
+    known = has_ref & ok["load_id"].notna() & ok["reference_load"].notna()
+    ok["same_load"] = pd.array(np.where(known, ok["load_id"] == ok["reference_load"], pd.NA), dtype="boolean")
 
     pairs = ok.loc[has_ref & (ok["output_hash"] != ok["ref_hash"]), ["output_hash", "ref_hash"]].drop_duplicates()
     divergence: dict[tuple[str, str], int | None] = {}
@@ -437,6 +443,29 @@ def _logprob_comparison(
     return ok
 
 
+#: per (cell, prompt): engine loads seen, the most unique outputs within one load, and the runs
+#: compared with a reference run of the same load (same boot) and of another (cross boot)
+BOOT_COLUMNS = ["loads", "unique_outputs_within_load", "same_boot_compared", "same_boot_diverged",
+                "cross_boot_compared", "cross_boot_diverged"]
+
+
+def _by_boot(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """BOOT_COLUMNS of the compared runs `ok` (with load_id and same_load), grouped by `by`."""
+    g = ok.groupby(by, sort=False)
+    out = pd.DataFrame({"loads": g["load_id"].nunique(),
+                        "unique_outputs_within_load": ok.groupby(by + ["load_id"], sort=False)["output_hash"].nunique()
+                        .groupby(level=by).max()})
+    same = ok["same_load"]
+    judged = ok["matched"].notna().to_numpy()
+    departed = ok["first_divergence"].notna().to_numpy()
+    for scope, mask in (("same_boot", same.fillna(False).to_numpy(dtype=bool)),
+                        ("cross_boot", (~same).fillna(False).to_numpy(dtype=bool))):
+        counts = pd.DataFrame({f"{scope}_compared": mask & judged, f"{scope}_diverged": mask & departed},
+                              index=ok.index).groupby([ok[c] for c in by], sort=False).sum()
+        out = out.join(counts)
+    return out
+
+
 def summarize(
     rows: pd.DataFrame,
     tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
@@ -474,7 +503,7 @@ def summarize(
     # only what the statistics read: a copy of every column of a million rows costs what it holds
     used = by + ["output_hash", "matched", "first_divergence", "n_tokens", "target_tokens_per_s", "reference_cell",
                  "reference_repeat", "reference_share", "reference_tie", "node", "reference_node",
-                 "logprob_first_diff", "logprob_max_abs_diff"]
+                 "logprob_first_diff", "logprob_max_abs_diff", "load_id", "same_load"]
     ok = compared[used].copy()
     for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
         ok[column] = compared[column] if column in compared else np.nan
@@ -507,6 +536,7 @@ def summarize(
             "cached_tokens_median": g["cached_tokens"].median(),
         }
     )
+    stats = stats.join(_by_boot(ok, by))
     stats["divergence_rate_upper95"] = [
         upper95(int(d), int(c)) if c > 0 else None for d, c in zip(stats["diverged"], stats["compared"])
     ]
@@ -526,7 +556,7 @@ def summarize(
         "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_run", "reference_cell", "reference_repeat",
         "reference_share", "reference_tie", "node", "reference_node", "n_ok", "n_failed", "n_unsupported",
         "n_skipped", "error",
-    ]
+    ] + BOOT_COLUMNS
     return out[order].sort_values(group_cols, kind="stable").reset_index(drop=True)
 
 

@@ -43,15 +43,17 @@ def bucket_labels(edges: tuple[float, ...] = EDGES) -> list[str]:
     return [f"{lo:g}-{hi:g}" for lo, hi in zip(bounds, edges)] + [f">={edges[-1]:g}"]
 
 
-def _per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Series], eps: float,
-             edges: tuple[float, ...]) -> pd.DataFrame:
-    """Per compared run: steps at risk, near ties, per-bucket steps, and where it departed."""
-    judged = compared.loc[compared["matched"].notna(), keys_of(compared) + [
-        "cell_id", "reference_cell", "prompt_id", "first_divergence", "n_tokens"]]
+def per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Series], eps: float = NEAR_TIE,
+            edges: tuple[float, ...] = EDGES) -> pd.DataFrame:
+    """Per compared run: steps at risk, near ties, per-bucket steps, where it departed and the
+    reference's margin there (`flip_margin`, NaN where it stayed identical, departed past the
+    reference's end, or the reference has no margins)."""
+    judged = compared.loc[compared["matched"].notna(), list(dict.fromkeys(keys_of(compared) + [
+        "cell_id", "reference_cell", "prompt_id", "repeat", "first_divergence", "n_tokens"]))]
     refs = compared.loc[compared["is_reference"], ["cell_id", "prompt_id", "repeat"]]
     margins = dict(zip(zip(refs["cell_id"], refs["prompt_id"]), margins_for(refs)))
     buckets = len(edges) + 1
-    out = np.full((len(judged), 4 + buckets), np.nan)  # steps, near, flip bucket, flip near, bucket steps
+    out = np.full((len(judged), 5 + buckets), np.nan)  # steps, near, flip bucket, flip near, flip margin, bucket steps
     departed = judged["first_divergence"].to_numpy(dtype=float)
     length = judged["n_tokens"].to_numpy(dtype=float)
     groups = judged.groupby(["reference_cell", "prompt_id"], sort=False, observed=True).indices
@@ -77,22 +79,26 @@ def _per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Se
         flip_bucket = np.where(inside & (len(m) > 0), which[at] if len(m) else -1, -1)
         out[idx, 2] = np.where(flip_bucket >= 0, flip_bucket, np.nan)
         out[idx, 3] = np.where(flip_bucket >= 0, (m[at] < eps) if len(m) else False, np.nan)
-        out[idx, 4:] = counts[:, window].T
-    frame = judged[["cell_id"] + keys_of(compared)].copy()
+        out[idx, 4] = np.where(flip_bucket >= 0, m[at] if len(m) else np.nan, np.nan)
+        out[idx, 5:] = counts[:, window].T
+    frame = judged[list(dict.fromkeys(["cell_id", "prompt_id", "repeat", "first_divergence"] + keys_of(compared)))].copy()
     frame["has_margins"] = ~np.isnan(out[:, 0])
     frame["departed"] = ~np.isnan(departed)
     frame["steps"], frame["near"] = out[:, 0], out[:, 1]
-    frame["flip_bucket"], frame["flip_near"] = out[:, 2], out[:, 3]
+    frame["flip_bucket"], frame["flip_near"], frame["flip_margin"] = out[:, 2], out[:, 3], out[:, 4]
     for b in range(buckets):
-        frame[f"b{b}"] = out[:, 4 + b]
+        frame[f"b{b}"] = out[:, 5 + b]
     return frame
 
 
 def count(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Series], eps: float = NEAR_TIE,
           edges: tuple[float, ...] = EDGES) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per setting: SETTING_COLUMNS; per setting and margin bucket: BUCKET_COLUMNS)."""
-    keys = keys_of(compared)
-    runs = _per_run(compared, margins_for, eps, edges)
+    return count_runs(per_run(compared, margins_for, eps, edges), keys_of(compared), edges)
+
+
+def count_runs(runs: pd.DataFrame, keys: list[str], edges: tuple[float, ...] = EDGES) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """count() of per_run()'s frame, for a caller that keeps the per-run frame as well."""
     labels = bucket_labels(edges)
     if runs.empty:
         return pd.DataFrame(columns=keys + SETTING_COLUMNS), pd.DataFrame(columns=keys + BUCKET_COLUMNS)

@@ -85,9 +85,13 @@ def scorer_spec(spec: Any, engine: str | None = None, dtype: str | None = None) 
                    options=spec.options if (engine or spec.engine) == spec.engine else {})
 
 
-class Scorer:
-    """One loaded scoring engine; a (prompt, output) pair is scored once, however many runs share it.
-    Use it as a context manager: the engine loads on entry and is closed on exit."""
+class PlacedEngine:
+    """One engine loaded in this process to re-read a folder's runs (a scorer, a replayer), described
+    with its machine and build. Use it as a context manager: the engine loads on entry and is
+    closed on exit."""
+
+    #: the engine class attribute that says why it cannot do this job (None: it can)
+    unavailable = "score_unavailable"
 
     def __init__(self, spec: Any, base: Path | None, log: Callable[[str], None],
                  machine: dict[str, str] | None = None) -> None:
@@ -99,14 +103,14 @@ class Scorer:
         self.label = f"{spec.engine} / {spec.model} dtype={spec.dtype}"
         self.engine: Any = None
         self.description = ""
-        self._done: dict[tuple[str, str], list[float]] = {}
 
     @property
     def refusal(self) -> str | None:
-        """Why this engine cannot score, known before a load (None: it may)."""
-        return None if self.cls.score_unavailable is None else f"{self.label}: {self.cls.score_unavailable}"
+        """Why this engine cannot do the job, known before a load (None: it may)."""
+        why = getattr(self.cls, self.unavailable)
+        return None if why is None else f"{self.label}: {why}"
 
-    def __enter__(self) -> Scorer:
+    def __enter__(self) -> PlacedEngine:
         os.environ.update(self.cls.environment(self.spec))  # before the engine's library is imported
         self.engine = self.cls(self.spec, self.log, self.base)
         facts = self.engine.describe()
@@ -118,6 +122,15 @@ class Scorer:
 
     def __exit__(self, *exc: object) -> None:
         self.engine.close()
+
+
+class Scorer(PlacedEngine):
+    """One loaded scoring engine; a (prompt, output) pair is scored once, however many runs share it."""
+
+    def __init__(self, spec: Any, base: Path | None, log: Callable[[str], None],
+                 machine: dict[str, str] | None = None) -> None:
+        super().__init__(spec, base, log, machine)
+        self._done: dict[tuple[str, str], list[float]] = {}
 
     def __call__(self, text: str, output_hash: str, tokens: list[int]) -> list[float]:
         key = (text, output_hash)
@@ -192,18 +205,27 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
     return written, refused
 
 
+def side_path(root: Path, folder: str, key: str, cell_id: str) -> Path:
+    """One file per re-reader (scorer, replayer) and cell, like cells/: array tasks that re-read
+    their own cells never write the same file."""
+    return root / folder / key / f"{cell_id}.parquet"
+
+
+def read_side(root: Path, folder: str, schema: pa.Schema) -> pd.DataFrame:
+    """Every file under RESULTS/folder/*/ (an empty frame with the schema's columns when none)."""
+    files = sorted((root / folder).glob("*/*.parquet"))
+    if not files:
+        return pd.DataFrame(columns=schema.names)
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
 def _path(root: Path, scorer_id: str, cell_id: str) -> Path:
-    """One file per scorer and cell, like cells/: array tasks that score their own cells never
-    write the same file."""
-    return root / FOLDER / scorer_id / f"{cell_id}.parquet"
+    return side_path(root, FOLDER, scorer_id, cell_id)
 
 
 def read_scores(root: Path) -> pd.DataFrame:
-    """Every stored score of a results folder (empty frame with SCHEMA's columns when none)."""
-    files = sorted((root / FOLDER).glob("*/*.parquet"))
-    if not files:
-        return pd.DataFrame(columns=SCHEMA.names)
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    """Every stored score of a results folder."""
+    return read_side(root, FOLDER, SCHEMA)
 
 
 def deltas(decode: Any, score: Any) -> np.ndarray:

@@ -1,6 +1,7 @@
 """The command line, one module per command group (as asv's `commands/`): `running` (plan, run,
-submit), `statistics` (summarize, rescore, compare, check), `figures` (report, plot), `folders`
-(status, merge) and `machine` (doctor, models); `common` holds the apps and shared options.
+submit), `statistics` (summarize, rescore, compare, check), `replaying` (replay), `figures`
+(report, plot), `folders` (status, merge) and `machine` (doctor, models); `common` holds the apps
+and shared options.
 
 Each command only parses its options, calls one function of the package and prints what comes
 back; statistics, file writes and loops over rows live below. May import the whole package.
@@ -18,6 +19,7 @@ from rich.markup import escape
 # imported in the order `harness --help` lists their commands: the pipeline's
 from harness.cli import running  # noqa: F401, I001 - registers plan, run, submit
 from harness.cli import statistics  # noqa: F401 - summarize, rescore, compare, check
+from harness.cli import replaying  # noqa: F401 - replay
 from harness.cli import figures  # noqa: F401 - report, plot
 from harness.cli import folders  # noqa: F401 - status, merge
 from harness.cli import machine  # noqa: F401 - doctor, models

@@ -46,6 +46,10 @@ NEAR_TIE_HELP = (
     "The top-1 minus top-2 margin (logit or log-probability gap) below which a step is a near tie, for the "
     "near-tie density and flips per near tie. Default 0.1."
 )
+CONFIDENT_HELP = (
+    "The reference's top-1 minus top-2 margin at or above which a departure is a confident flip, a likely bug "
+    "rather than rounding (greedy runs only). Default 2.0 nats: top-1 at least 7.4 times as likely as top-2."
+)
 ALL_CELLS_HELP = (
     "Also read stale cells: cells on disk that the folder's current experiment does not have "
     "(left by an earlier version of it). Off by default, so old results never pool with new ones."
@@ -111,14 +115,16 @@ def open_folder(folder: Path, all_cells: bool = False) -> Any:
 
 
 def open_analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False,
-                  reference_run: str = "first", near_tie: float | None = None) -> Any:
+                  reference_run: str = "first", near_tie: float | None = None,
+                  confident: float | None = None) -> Any:
     """The folder read against `--reference` and `--reference-run` under `--allow-mixed`
     (harness.analysis.folder_analysis): reading only."""
     from harness.analysis.folder_analysis import Analysis
+    from harness.analysis.flips import CONFIDENT
     from harness.analysis.near_ties import NEAR_TIE
 
     return Analysis.parsed(open_folder(folder, all_cells), reference, allow_mixed, reference_run,
-                           NEAR_TIE if near_tie is None else near_tie)
+                           NEAR_TIE if near_tie is None else near_tie, CONFIDENT if confident is None else confident)
 
 
 @contextlib.contextmanager

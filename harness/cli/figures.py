@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
+from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, CONFIDENT_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
                                 allowed, command, console, open_analysis)
 
 
@@ -18,6 +18,7 @@ def report(
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
     near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
+    confident: Optional[float] = typer.Option(None, "--confident-margin", min=0, help=CONFIDENT_HELP),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
@@ -30,7 +31,8 @@ def report(
     from harness.report import html
 
     target = out or results / "report.html"
-    payload = html.write(open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie), target)
+    payload = html.write(open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident),
+                         target)
     console().print(html.summary_line(payload, target))
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from harness.cli.common import allowed, command, console, models_app
+from harness.cli.common import allowed, command, console, data_console, models_app
 from harness.core.errors import UsageError
 
 
@@ -19,6 +19,21 @@ def doctor(
     ),
     engine: list[str] = typer.Option([], "--engine", "-e", help="Without FILE: probe only these engines (repeatable)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+    ops: Optional[Path] = typer.Option(
+        None, "--ops", help="Instead: measure op-level batch invariance on this node and write the map to this "
+        "Parquet file. Row 0 of X[:M] @ W against X[:1] @ W, bitwise, for M from 1 to 256 and K including powers of "
+        "two, in NumPy f32 and, with torch, f32/bf16 on the CPU and f32/tf32/bf16/f16 on a CUDA GPU; each row "
+        "carries the node's provenance. 'harness compare MAP_A MAP_B' puts two nodes' maps side by side."),
+    ops_k: list[int] = typer.Option([], "--ops-k", min=1, help="With --ops: the inner sizes K (repeatable). "
+                                    "Default 64 96 128 255 256 512 1000 1024 4096."),
+    ops_m: list[int] = typer.Option([], "--ops-m", min=1, max=4096, help="With --ops: the row counts M (repeatable). "
+                                    "Default 1 2 3 4 8 16 32 64 128 256."),
+    ops_repeats: Optional[int] = typer.Option(None, "--ops-repeats", min=1, max=100, help="With --ops: repeats of "
+                                              "every product (default 3)."),
+    ops_dtype: list[str] = typer.Option([], "--ops-dtype", help="With --ops: only these dtypes (f32, tf32, bf16, "
+                                        "f16; repeatable). Default: every one this node has a kernel for."),
+    ops_config: Optional[Path] = typer.Option(None, "--ops-config", help="With --ops: a YAML file with k, m, repeats "
+                                              "and dtypes (configs/ops/op-probe-cpu.yaml); the --ops-* options override it."),
 ) -> None:
     """What will really run on this machine: GPUs, engines and their GPU support, batch-invariant mode.
 
@@ -34,6 +49,14 @@ def doctor(
     from harness.run import doctor as doc
 
     allowed("--format", fmt, ("table", "json"))
+    if ops is not None:
+        from harness.run.op_probe import read_config
+
+        given = read_config(ops_config) if ops_config else {}
+        _op_map(ops, ops_k or given.get("k", []), ops_m or given.get("m", []),
+                ops_repeats or given.get("repeats"),
+                ops_dtype or given.get("dtypes", []), fmt)
+        return
     for name in engine:
         allowed("--engine", name, engine_names())
     if experiment is not None:
@@ -48,6 +71,30 @@ def doctor(
             screen.print(line)
     if report.missing:
         raise typer.Exit(1)
+
+
+def _op_map(out: Path, inner: list[int], rows: list[int], repeats: int | None, dtypes: list[str], fmt: str) -> None:
+    """`doctor --ops`: measure, write the map whole (renamed into place), show it."""
+    from harness.report.op_view import map_view
+    from harness.results.store import Store
+    from harness.run import op_probe
+
+    for dtype in dtypes:
+        allowed("--ops-dtype", dtype, op_probe.DTYPES)
+    found = op_probe.kernels(dtypes=dtypes or op_probe.DTYPES)
+    if not found:
+        raise UsageError(f"--ops-dtype {' '.join(dtypes)}: no kernel here for it (NumPy has f32; torch adds bf16 on "
+                         "the CPU and tf32/f16 on a CUDA GPU)")
+    screen = data_console(fmt)
+    frame = op_probe.probe(found, inner or op_probe.INNER, rows or op_probe.ROWS, repeats=repeats or op_probe.REPEATS,
+                           progress=lambda line: screen.print(f"measuring {line}"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Store(out.parent).atomic_write(out, lambda tmp: frame.to_parquet(tmp, index=False))
+    if fmt == "json":
+        sys.stdout.write(frame.to_json(orient="records") + "\n")
+        return
+    for item in map_view(frame, str(out)):
+        screen.print(item)
 
 
 @models_app.callback()

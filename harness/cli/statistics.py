@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
+from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, CONFIDENT_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
                                 allowed, command, console, data_console, open_analysis, open_folder,
                                 stdout_to_stderr, write_frame)
 from harness.core.errors import HarnessError, UsageError
@@ -44,19 +44,21 @@ def summarize(
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
     near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
+    confident: Optional[float] = typer.Option(None, "--confident-margin", min=0, help=CONFIDENT_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
     what: str = typer.Option(
         "cells", "--what",
         help="With json/csv: 'cells' (per cell and prompt), 'settings' (per setting: divergence rate and its "
              "bounds, median tokens to divergence, near ties), 'slowdown' (batch-invariant cost), 'probes' (logit "
              "probes), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
-             "after t tokens) or 'flips_by_margin' (departures per step by margin bucket). 'splits': where the "
+             "after t tokens), 'flips_by_margin' (departures per step by margin bucket) or 'flips' (each departed run "
+             "with the reference's margin where it split and its flip class). 'splits': where the "
              "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
     ),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
     save: bool = typer.Option(False, "--save", help="Also write summary.parquet, settings.parquet, slowdown.parquet "
-                              "(and probes, answers, survival, flips_by_margin where there are any) into the "
+                              "(and probes, answers, survival, flips_by_margin, flips where there are any) into the "
                               "results folder, as 'harness run' does."),
 ) -> None:
     """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence; and, where cells differ only in batch_invariant, what the mode costs.
@@ -70,7 +72,7 @@ def summarize(
     if what == "splits":
         _print_splits(results, fmt, all_cells)
         return
-    analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie)
+    analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident)
     if save:
         analysis.save()
     if fmt in ("json", "csv"):
@@ -142,6 +144,24 @@ def rescore(
         screen.print(rescore_table(frame, threshold))
 
 
+def _op_maps(a: Path, b: Path, fmt: str) -> None:
+    """`compare MAP_A MAP_B`: two nodes' op maps (from `doctor --ops`) side by side."""
+    from harness.analysis import op_maps
+    from harness.report.op_view import compare_view
+
+    if not (op_maps.is_op_map(a) and op_maps.is_op_map(b)):
+        raise UsageError(f"compare takes two results folders or two op maps (.parquet from 'harness doctor --ops'); "
+                         f"got {a} and {b}")
+    first, second = op_maps.read(a), op_maps.read(b)
+    pairs = op_maps.side_by_side(first, second)
+    if fmt in ("json", "csv"):
+        write_frame(pairs, fmt)
+        return
+    screen = console()
+    for item in compare_view(pairs, first, second, str(a), str(b)):
+        screen.print(item)
+
+
 @command()
 def compare(
     a: Path = typer.Argument(..., help="First results folder (e.g. from an A100 node)."),
@@ -157,8 +177,16 @@ def compare(
                               "setting (an engine upgrade or a provider that must stay within it)."),
     any_device: bool = typer.Option(False, "--any-device", help="With --score: score A's runs here even where they "
                                     "ran on a GPU this machine lacks."),
+    a_where: list[str] = typer.Option([], "--a-where", help="Read only A's cells with this setting, AXIS=VALUE "
+                                      "(repeatable). With --b-where, one folder can be both A and B: "
+                                      "'compare F F --a-where environment=current --b-where environment=old "
+                                      "--ignore environment' sets two engine environments side by side."),
+    b_where: list[str] = typer.Option([], "--b-where", help="Read only B's cells with this setting (repeatable)."),
 ) -> None:
     """Per prompt and matching setting: same or different between two folders, and where they split.
+
+    Given two op maps (Parquet files from 'harness doctor --ops') instead, it shows both nodes'
+    op-level batch invariance side by side, cell by cell, and lists where they disagree.
 
     Runs are paired on every axis except the ignored ones. Pairs made with another model file,
     engine version, row schema or chat template are refused (a library upgrade would read as a
@@ -167,19 +195,25 @@ def compare(
     """
     from harness.analysis.compare import compare as run_compare
     from harness.analysis.metrics import KEY_COLUMNS, parse_allow_mixed
+    from harness.analysis.op_maps import is_op_map
     from harness.experiment.config import option_axis
+    from harness.experiment.settings_args import parse_settings
 
     allowed("--format", fmt, ("table", "json", "csv"))
+    if is_op_map(a) or is_op_map(b):
+        _op_maps(a, b, fmt)
+        return
     for axis in ignore:
         if axis not in KEY_COLUMNS and option_axis(axis) is None:
             raise UsageError(f"--ignore '{axis}': allowed: {', '.join(KEY_COLUMNS)}, or ENGINE.OPTION")
     if gate and not score:
         raise UsageError("--gate judges the noise floor: give --score too")
+    side_a = open_folder(a, all_cells).restricted(parse_settings(a_where, "--a-where"), "--a-where")
+    side_b = open_folder(b, all_cells).restricted(parse_settings(b_where, "--b-where"), "--b-where")
     if score:
-        _noise_floor(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore), fmt, gate, any_device)
+        _noise_floor(side_a, side_b, tuple(ignore), fmt, gate, any_device)
         return
-    result = run_compare(open_folder(a, all_cells), open_folder(b, all_cells), tuple(ignore),
-                         parse_allow_mixed(allow_mixed))
+    result = run_compare(side_a, side_b, tuple(ignore), parse_allow_mixed(allow_mixed))
     if fmt in ("json", "csv"):
         write_frame(result.runs, fmt)
         return

@@ -126,6 +126,8 @@ class SequenceOutput:
     margins: list[float] = field(default_factory=list)
     #: each token decoded on its own, so a report can show exactly where two outputs split
     token_texts: list[str] = field(default_factory=list)
+    #: forced decoding only: per step, the token the engine would have picked itself (its argmax)
+    argmax: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -194,9 +196,20 @@ class Engine(ABC):
                                                "one prefill, which this engine does not hand out here "
                                                "(llamacpp and vllm do)")
 
+    #: why this engine cannot replay a recorded output through its decode loop (`generate(...,
+    #: force=tokens)`, harness.analysis.replay); None where it can
+    replay_unavailable: ClassVar[str | None] = ("forced decoding feeds recorded tokens into the decode loop, which "
+                                                "this engine does not run in this process (llamacpp does)")
+
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
         """A reason this engine will not run `spec`, known before loading; None if it may."""
+        return None
+
+    @classmethod
+    def restart_refusal(cls, spec: LoadSpec) -> str | None:
+        """Why a new load of `spec` would not restart what computes (so `boots` > 1 would measure
+        nothing across restarts); None where each load starts afresh."""
         return None
 
     @classmethod

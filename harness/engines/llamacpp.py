@@ -131,6 +131,7 @@ class LlamaCppEngine(Engine):
     Options = LlamaCppOptions
     logit_probe_unavailable = None
     score_unavailable = None
+    replay_unavailable = None  # generate(..., force=tokens)
     axes = {
         "model": HONOUR,
         "engine": HONOUR,
@@ -147,6 +148,7 @@ class LlamaCppEngine(Engine):
         "prefill_chunk": HONOUR,
         "kv_cache_dtype": HONOUR,
         "filler_tokens": HONOUR,
+        "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
     exits_fast = True  # close() frees its contexts; the rest is memory the process gives back
     install = 'CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install -e ".[llamacpp]"'
@@ -505,8 +507,11 @@ class LlamaCppEngine(Engine):
     # -- generation ---------------------------------------------------------------
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
-        cache: str = "off", members: bool = False,
+        cache: str = "off", members: bool = False, force: list[int] | None = None,
     ) -> BatchOutput:
+        """`force`: the target's tokens, fed in place of its own picks (a recorded output replayed
+        through this decode loop); its statistics are then of the forced tokens, and `argmax` says
+        what it would have picked at each step. The batch-mates decode as usual."""
         ll = self._ll
         n = len(prompts)
         tokens = [self.prompt_tokens(p) for p in prompts]
@@ -526,11 +531,24 @@ class LlamaCppEngine(Engine):
         margins: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
         live = [True] * n
+        argmax: list[int] = []  # forced decoding: the target's own pick at each step
         pos = [len(t) for t in tokens]
         generated = 0
 
         def pick(seq: int, idx: int) -> None:
             nonlocal generated
+            if force is not None and seq == target:
+                logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, idx), shape=(n_vocab,))
+                argmax.append(int(logits.argmax()))
+                tok = int(force[len(outs[seq])])
+                lp, margin = _step_stats(logits, tok, scratch)
+                logprobs[seq].append(lp)
+                margins[seq].append(margin)
+                generated += 1
+                outs[seq].append(tok)
+                if len(outs[seq]) >= len(force):
+                    live[seq] = False
+                return
             if samplers[seq] is None:
                 ptr = ll.llama_get_logits_ith(ctx, idx)
                 logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
@@ -602,7 +620,7 @@ class LlamaCppEngine(Engine):
         def output(seq: int) -> SequenceOutput:
             ids = outs[seq]
             return SequenceOutput(ids, self.detokenize(ids), finish[seq], logprobs[seq], margins[seq],
-                                  [self.detokenize([t]) for t in ids])
+                                  [self.detokenize([t]) for t in ids], argmax if seq == target else [])
 
         every = [output(s) for s in range(n)] if members else []
         return BatchOutput(

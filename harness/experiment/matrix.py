@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.experiment import yamlsrc
-from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME, LATER_AXES_DEFAULTS, LOAD_AXES
+from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME, LATER_AXES_DEFAULTS, LATER_GROUP_DEFAULTS, LOAD_AXES
 from harness.experiment.config import LoadedExperiment, Matrix, option_axis, option_value
 from harness.engines.registry import engine_class, options_model
 from harness.engines.base import Ignore, LoadSpec, Refuse, Sampling
@@ -143,7 +143,8 @@ def expand(loaded: LoadedExperiment) -> list[Cell]:
         # ids hash what may be stored (a credential is never part of one), without options added
         # later that sit at their default (older results keep their ids)
         stored = options_model(settings["engine"]).identity(redact(options))
-        group_key = {a: settings[a] for a in LOAD_AXES} | {"options": stored,
+        group_key = {a: settings[a] for a in LOAD_AXES
+                     if LATER_GROUP_DEFAULTS.get(a, object()) != settings[a]} | {"options": stored,
                                                            "prefix_caching": settings["prefix_cache"] != "off"}
         # axes added later enter the id only away from their default: older results keep their ids
         identity = {k: v for k, v in settings.items() if LATER_AXES_DEFAULTS.get(k, object()) != v}

@@ -172,6 +172,25 @@ def _split_records(tree: pd.DataFrame) -> dict[str, Any]:
     return {"records": _records(kept[columns]), "left_out": int(len(tree) - len(kept))}
 
 
+def _guarantees(analysis: Analysis) -> dict[str, Any]:
+    """Per setting its guarantee class and evidence, and the confident flips (likely bugs), with
+    the settings that tell settings apart as their labels."""
+    from harness.analysis.flips import likely_bugs
+
+    table = analysis.by_setting
+    axes = varying(table, metrics.keys_of(table)) or ["engine"]
+
+    def label(rec: dict[str, Any]) -> str:
+        return ", ".join(f"{a}={rec[a]}" for a in axes if a in rec and not pd.isna(rec[a]))
+
+    settings = [{"setting": label(r), "guarantee": r["guarantee"], "evidence": r["guarantee_evidence"]}
+                for r in table.to_dict("records") if isinstance(r.get("guarantee"), str)]
+    bugs = [{"setting": label(r), "prompt": r["prompt_id"], "cell": r["cell_id"], "repeat": int(r["repeat"]),
+             "token": int(r["first_divergence"]), "margin": float(r["flip_margin"])}
+            for r in likely_bugs(analysis.flips).head(200).to_dict("records")]
+    return {"settings": settings, "likely_bugs": bugs, "confident_margin": analysis.confident}
+
+
 def _prompt_texts(results: Results) -> dict[str, str]:
     """Prompt texts by id from the experiment snapshot(s) in the folder's manifest."""
     return {p.id: p.text for loaded in results.experiments for p in loaded.prompt_set.prompts}
@@ -199,6 +218,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
             "cells": int(rows["cell_id"].nunique()),
         },
         "filters": varying(rows, metrics.keys_of(rows)) or ["engine"],
+        "guarantees": _guarantees(analysis),
         "prompts": _prompt_texts(store),
         "outputs": _outputs(annotated, store),
         "runs": runs,

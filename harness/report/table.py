@@ -69,6 +69,27 @@ def _setting_label(axes: list[str], key: Any) -> str:
     return escape(", ".join(f"{a}={v}" for a, v in zip(axes, key) if not pd.isna(v)))
 
 
+def _boot_split(rec: dict[str, Any]) -> str:
+    """'; same boot as the reference run 8/8 identical, other boots 3/8' where runs of another engine
+    load were compared (boots > 1, or a reference from another load); empty otherwise."""
+    cross = int(rec.get("cross_boot_compared") or 0)
+    if not cross:
+        return ""
+    same, same_d, cross_d = int(rec.get("same_boot_compared") or 0), int(rec.get("same_boot_diverged") or 0), \
+        int(rec.get("cross_boot_diverged") or 0)
+    return (f"; same boot as the reference run {same - same_d}/{same} identical, other boots (engine loads) "
+            f"{cross - cross_d}/{cross}")
+
+
+def _flip_classes(rec: dict[str, Any]) -> str:
+    """'; departures: 2 near tie, 1 confident (likely bug)' from a settings record's flip counts."""
+    from harness.analysis.flips import CLASSES
+
+    counts = [(c, int(rec.get(f"flips_{c}") or 0)) for c in CLASSES]
+    parts = [f"{n} {c.replace('_', ' ')}" + (" (likely bug)" if c == "confident" else "") for c, n in counts if n]
+    return f"; departures by reference margin: {', '.join(parts)}" if parts else ""
+
+
 def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -> list[str]:
     """One line per setting, over its prompts: how many runs matched the reference, the divergence
     rate's bound with prompts as the unit (and pooled over runs, labelled), how far runs agree
@@ -82,7 +103,9 @@ def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -
     for rec in settings.sort_values(varying, kind="stable", na_position="last").to_dict("records"):
         label = _setting_label(varying, tuple(rec[a] for a in varying))
         compared, diverged = int(rec["compared"]), int(rec["diverged"])
-        text = f"{label}: {compared - diverged}/{compared} runs identical to the reference"
+        guarantee = rec.get("guarantee")
+        text = f"{label}: {guarantee.replace('_', ' ') + '; ' if isinstance(guarantee, str) else ''}" \
+               f"{compared - diverged}/{compared} runs identical to the reference"
         if diverged:
             text += f", first divergence at token {int(rec['first_divergence_min'])} at the earliest"
             median = rec.get("median_tokens_to_divergence")
@@ -104,6 +127,8 @@ def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -
         if near is not None and not pd.isna(near) and int(near) > 0:
             text += (f"; {int(near)} near ties ({rec['near_tie_density']:.0f} per 1000 tokens), "
                      f"{int(rec['flips_at_near_ties'])} flipped")
+        text += _boot_split(rec)
+        text += _flip_classes(rec)
         lines.append(text)
     orphans = summary[(summary["runs"] > 0) & summary["reference_cell"].isna()]
     for key, part in orphans.groupby(varying, sort=True, dropna=False):

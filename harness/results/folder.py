@@ -29,7 +29,7 @@ import hashlib
 import json
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -241,8 +241,17 @@ class ResultsFolder:
     # -- checkpoints of a cell still running ------------------------------------------------
 
     def checkpoint(self, cell_id: str, name: str, rows: list[dict[str, Any]]) -> None:
-        """Keep rows of finished batches of a running cell, as one part file renamed into place."""
-        self.store.write_part(cell_id, name, redact_rows(rows, self.secrets))
+        """Keep rows of finished batches of a running cell, as one part file renamed into place.
+
+        Another task that lands the same cell done removes its checkpoint folder, possibly while
+        this one writes into it: then the folder is made again and the write tried once more,
+        unless the cell is done by now (this task's rows would be refused at landing anyway)."""
+        safe = redact_rows(rows, self.secrets)
+        try:
+            self.store.write_part(cell_id, name, safe)
+        except FileNotFoundError:
+            if not self.store.is_done(cell_id):
+                self.store.write_part(cell_id, name, safe)
 
     def checkpointed(self, cell_id: str) -> list[dict[str, Any]]:
         """The rows a cell's checkpoints hold, in the order they were written."""
@@ -335,6 +344,23 @@ class Results:
         if columns is not None:
             columns = list(dict.fromkeys(columns + self.option_axes))
         return self.folder.store.read_rows(columns, self.cell_ids, provenance_as_categories)
+
+    def restricted(self, where: dict[str, Any], option: str = "--where") -> Results:
+        """These results read as the cells whose settings equal `where` alone (one folder as both
+        sides of `compare`: one environment against another); none matching is an error."""
+        if not where:
+            return self
+        cells = self.read_rows(columns=["cell_id", *where]).drop_duplicates("cell_id")
+        mask = cells["cell_id"].notna()
+        for axis, value in where.items():
+            if axis not in cells:
+                raise HarnessError(f"{option} {axis}={value}: {self.root} has no setting {axis}")
+            mask &= cells[axis] == value
+        keep = set(cells.loc[mask, "cell_id"])
+        if not keep:
+            asked = ", ".join(f"{k}={v}" for k, v in where.items())
+            raise HarnessError(f"{option} {asked}: no cell of {self.root} has these settings")
+        return replace(self, cell_ids=[c for c in self.cell_ids if c in keep])
 
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
         return self.folder.store.tokens_for(hashes, self.cell_ids)

@@ -8,6 +8,7 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,7 @@ def collect(gpus: list[dict[str, str]] | None = None) -> dict[str, Any]:
         "cuda_version": cuda_version(),
         "library_versions": json.dumps(library_versions(), sort_keys=True),
         "python_version": platform.python_version(),
+        "python_executable": sys.executable,
         "harness_version": harness.__version__,
         "git_commit": git_commit(),
         "env": env_json(),

@@ -50,6 +50,7 @@ FIELDS: tuple[Field, ...] = (
     Field("gpu_compute_cap"),
     Field("library_versions", same_load=True, context=True),
     Field("python_version", context=True),
+    Field("python_executable", context=True),  # the interpreter its worker ran under (the environment axis)
     Field("harness_version", same_load=True, context=True),
     Field("git_commit", same_load=True, context=True),
     # the chat template the engine applied is read from its info (metrics.chat_template_of); the

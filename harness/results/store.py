@@ -27,10 +27,12 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: offloaded layers, batch-invariant kernels, CUDA graphs, tensor parallelism, attention backend);
 #: 6 seed_check (the seed control's verdict); 7 run_key (what one run depends on: harness.run.reuse);
 #: 8 prefill_probe_kl_mean and prefill_probe_kl_max (exact KL of decode vs one prefill, per step);
-#: 9 cpu_kernels (llama.cpp's CPU kernel path: extra buffer types in use, build features, llamafile).
+#: 9 cpu_kernels (llama.cpp's CPU kernel path: extra buffer types in use, build features, llamafile);
+#: 10 boot and load_id (the engine load a run came from: cross-boot repeats), python_executable
+#: (the interpreter a worker ran under: the environment axis).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -46,6 +48,10 @@ ROW_SCHEMA = pa.schema(
         ("batch_position", pa.int32()),
         ("filler_ids", pa.list_(pa.string())),
         ("run_key", pa.string()),
+        # the engine load that made the run: its boot (of the experiment's `boots`) and a load id
+        # unique to that worker process (runs with one load id shared an engine load)
+        ("boot", pa.int32()),
+        ("load_id", pa.string()),
         # settings: one column per declared axis (harness.experiment.axes), named and typed by it
         *[(axis.name, getattr(pa, axis.arrow)()) for axis in AXES_DECLARED],
         ("max_tokens", pa.int32()),
@@ -121,6 +127,7 @@ ROW_SCHEMA = pa.schema(
         ("cuda_version", pa.string()),
         ("library_versions", pa.string()),
         ("python_version", pa.string()),
+        ("python_executable", pa.string()),
         ("harness_version", pa.string()),
         ("git_commit", pa.string()),
         ("engine_info", pa.string()),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.registry import engine_class
+from harness.run.environments import is_foreign, worker_env
 from harness.run.worker import WorkOrder
 
 LOG_TAIL_LINES = 15
@@ -96,15 +97,16 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
     group on timeout or Ctrl-C."""
     log_path = Path(order.log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    taken = spare.take() if spare is not None else None
+    python = order.python or sys.executable
+    taken = spare.take() if spare is not None and not is_foreign(order.python) else None
     if taken is not None:
         proc, read_fd, child_fd = taken
     else:
         read_fd, child_fd = os.pipe()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.run.worker"],
-                env={**os.environ, **env},
+                [python, "-m", "harness.run.worker"],
+                env={**os.environ, **env, **worker_env(order.python)},
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -14,6 +14,7 @@ from typing import Protocol
 from harness.results import provenance
 from harness.experiment.config import LoadedExperiment
 from harness.engines.registry import engine_class
+from harness.run import environments
 from harness.run.enforced import device_environment
 from harness.run.launch import SpareWorker, launch
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
@@ -71,6 +72,8 @@ class Runner:
         #: a worker already started (its imports done) that the first group's load may take
         self.spare = spare
         self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        #: why each environment cannot run a worker (None: it can), found once per run
+        self._environments: dict[str, str | None] = {}
         #: the folder now holds this experiment; what it held before (if other) went stale
         self.adoption = folder.adopt(loaded)
 
@@ -103,6 +106,12 @@ class Runner:
             self.reporter.advance(per_cell)
             self.reporter.cell_done(cell.id, status)
 
+    def _environment_refusal(self, name: str, python: str) -> str | None:
+        """environments.refusal, asked once per environment and run."""
+        if name not in self._environments:
+            self._environments[name] = environments.refusal(name, python)
+        return self._environments[name]
+
     def _run_group(self, grp: Group, cells: list[Cell], rows: RowMaker, gpus: list[dict[str, str]],
                    force: bool, label: str = "") -> None:
         cls = engine_class(grp.spec.engine)
@@ -114,29 +123,41 @@ class Runner:
         if not cells:
             return
         reason, status = cls.refusal(grp.spec), "unsupported"
+        boots = self.loaded.experiment.boots
+        if reason is None and boots > 1:
+            reason = cls.restart_refusal(grp.spec)
         if reason is None:
             reason, status = provenance.gpu_matches(grp.spec.gpu, gpus), "skipped"
+        environment = cells[0]["environment"]  # a load axis: one per group
+        python = environments.interpreter(self.loaded, environment)
+        if reason is None:  # a rerun, once the environment is set up, tries its cells again
+            reason, status = self._environment_refusal(environment, python), "failed"
         if reason is not None:
             self._land_all(cells, rows, status, reason)
             self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
             return
         log_path = self.store.root / "logs" / f"{grp.id}.log"
-        order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path),
-                          checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus), label=label)
         pinned = device_environment(grp.spec.gpu, gpus, int(grp.spec.options.get("tensor_parallel_size") or 1))
         env = cls.environment(grp.spec) | pinned | {LOG_DIR_ENV: str(log_path.parent.resolve())}
         secrets = secrets_of(grp.spec.options)
         self.folder.secrets = self.folder.secrets | secrets  # the rows this run lands for the group
-        outcome = launch(order, env, self.reporter, self.group_timeout_s, self.spare)
-        outcome.cause = redact_text(outcome.cause, secrets)
+        causes = []
+        for boot in range(boots):  # a fresh worker (and server) per boot; the last lands the cells
+            order = WorkOrder(self.loaded, grp, tuple(cells), str(self.store.root), self.run_id, str(log_path),
+                              checkpoint_s=self.checkpoint_s, prov=rows.prov, force=force, gpus=tuple(gpus),
+                              label=label + (f" (boot {boot + 1} of {boots})" if boots > 1 else ""),
+                              boot=boot if boots > 1 else None, python=python)
+            outcome = launch(order, env, self.reporter, self.group_timeout_s, self.spare)
+            causes.append(redact_text(outcome.cause, secrets))
         for path in log_path.parent.glob("*.log"):  # the worker's and its servers' logs
             scrub(path, secrets)
         missing = [c for c in cells if not self._landed_here(c) and (force or not self.store.is_done(c.id))]
-        if missing and outcome.cause == "":
-            outcome.cause = "engine worker ended without writing these cells"
-        self._land_all(missing, rows, "failed", outcome.cause)
+        cause = causes[-1] or next((c for c in causes if c), "")
+        if missing and cause == "":
+            cause = "engine worker ended without writing these cells"
+        self._land_all(missing, rows, "failed", cause)
         if missing:
-            self.reporter.log(f"[{grp.spec.engine}] {len(missing)} cell(s) failed: {outcome.cause.splitlines()[0]}")
+            self.reporter.log(f"[{grp.spec.engine}] {len(missing)} cell(s) failed: {cause.splitlines()[0]}")
 
     def run(self, force: bool = False, selection: Selection | None = None) -> RunResult:
         """Run every selected cell not already done; each finished cell is on disk before the next."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import platform
 import re
 import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +50,12 @@ class WorkOrder:
     gpus: tuple[dict[str, str], ...] = ()
     #: how the log names this load: what tells it apart from the run's other loads
     label: str = ""
+    #: with the experiment's boots > 1: which boot this load is (0 ...). A boot runs the repeats
+    #: experiment.boot_of gives it and checkpoints them; the last one also runs whatever earlier
+    #: boots left undone and lands the cells. None: one load runs every repeat
+    boot: int | None = None
+    #: the interpreter the worker runs under (the environment axis); "" = the parent's own
+    python: str = ""
 
 
 def secrets_of(options: dict[str, Any], environ: dict[str, str] | None = None) -> frozenset[str]:
@@ -128,6 +136,9 @@ class GroupRunner:
         self.log_path = Path(order.log) if order.log else None
         # the parent's provenance, but the environment as this worker has it (the engine's variables set)
         prov = provenance.collect() if order.prov is None else order.prov | {"env": provenance.env_json()}
+        if order.python:  # another environment: its own interpreter and libraries
+            prov |= {"library_versions": json.dumps(provenance.library_versions(), sort_keys=True),
+                     "python_version": platform.python_version(), "python_executable": sys.executable}
         self.rows = RowMaker(self.loaded, order.run_id, prov)
         #: shared contexts fitted to this engine's tokenizer, by (tokens, text, seed)
         self._contexts: dict[tuple[int, str | None, int], tuple[str, int]] = {}
@@ -137,6 +148,19 @@ class GroupRunner:
         self._mates: dict[tuple[str, int], str] = {}
         #: the ok runs of the folder's stale cells, by run key (read at the first cell that looks)
         self._reusable: Any = None
+        #: this engine load, as its rows name it (one worker process is one load)
+        self.load_id = uuid.uuid4().hex[:12]
+        boots = self.exp.boots if order.boot is not None else 1
+        #: the boot this load is, and whether it holds its cells back for a later boot to land
+        self.boot = order.boot or 0
+        self.holds_back = self.boot < boots - 1
+
+    def _wanted(self, repeat: int) -> bool:
+        """Whether this load runs `repeat`: its own boot's repeats; the last boot, every one left."""
+        if self.order.boot is None:
+            return True
+        planned = self.exp.boot_of(repeat)
+        return planned == self.boot or (not self.holds_back and planned < self.boot)
 
     def _land(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
         landing = self.folder.write_cell(cell.id, rows, self.order.run_id, self.order.force)
@@ -256,6 +280,9 @@ class GroupRunner:
         if reason is not None:
             progress.stamp({"status": "failed", "error": reason})
             self.reporter.log(f"cell {cell.id} failed: {reason}")
+        if self.holds_back:  # a later boot lands the cell; this one's good runs wait as checkpoints
+            progress.flush()
+            return
         self._land(cell, progress.rows())
 
     def _reused(self, cell: Cell, keys: dict[tuple[str, int], str], here: dict[str, Any]) -> dict[tuple[str, int], Any]:
@@ -294,7 +321,7 @@ class GroupRunner:
                  for p in prompt_set.prompts}
         keys = {(p.id, r): run_key(cell.settings_id, plan.batch, pos, r)
                 for p in prompt_set.prompts for plan in plans[p.id] for pos, r in plan.runs}
-        if progress.kept:
+        if progress.kept and self.boot == 0:  # a later boot keeps its earlier boots' runs: no news
             self.reporter.log(f"cell {cell.id}: {len(progress.kept)} run(s) kept from checkpoints; resuming")
             self.reporter.advance(len(progress.kept))
         reused = progress.keep(self._reused(cell, keys, progress.here))
@@ -303,7 +330,7 @@ class GroupRunner:
                               "prompt and batch (stale cells)")
             self.reporter.advance(reused)
         todo = [(prompt, plan) for prompt in prompt_set.prompts for plan in plans[prompt.id]
-                if not all(progress.has(prompt.id, r) for _, r in plan.runs)]
+                if any(self._wanted(r) and not progress.has(prompt.id, r) for _, r in plan.runs)]
         warm = plans[prompt_set.prompts[0].id][0].batch
         since = self._log_size()  # causes logged from here on explain this cell's failures
         try:  # warm-up: first use of a batch shape is not timed (with nothing left to run, none)
@@ -313,9 +340,11 @@ class GroupRunner:
             pass
         for index, (prompt, plan) in enumerate(todo):
             batch = plan.batch
-            runs = [(pos, r) for pos, r in plan.runs if not progress.has(prompt.id, r)]
+            runs = [(pos, r) for pos, r in plan.runs if self._wanted(r) and not progress.has(prompt.id, r)]
             bases = [self.rows.base(cell, prompt.id, r, engine_cols) | {
                 "run_key": keys[(prompt.id, r)],
+                "boot": self.boot,
+                "load_id": self.load_id,
                 "batch_position": pos,
                 "filler_ids": list(batch.filler_ids),
                 "context_tokens_used": context_used,
@@ -358,6 +387,9 @@ class GroupRunner:
             # Only the engine's own refusal is 'unsupported'; a load that broke (missing or bad
             # file, out of memory, no CUDA) is 'failed', and a rerun tries it again.
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"
+            if status == "failed" and self.holds_back:  # the last boot tries again, and lands what it finds
+                self.reporter.log(f"[{spec.engine}] load failed in boot {self.boot + 1}: {message}")
+                return
             for cell in cells:
                 self._land(cell, self.rows.status_rows(cell, status, message))
                 self.reporter.advance(per_cell)
@@ -367,6 +399,9 @@ class GroupRunner:
             # as rows store it (redacted), so that kept rows compare with this load like for like
             engine_cols = redact_rows([self.rows.engine_columns(engine.describe())], self.folder.secrets)[0]
             ran, reason = self._what_ran(engine, cells[0])  # the group's cells share gpu and batch_invariant
+            if reason is not None and self.holds_back:  # the last boot lands the verdict
+                self.reporter.log(f"[{spec.engine}] {reason}")
+                return
             if reason is not None:  # known at load: no cell runs on what it did not ask for
                 for cell in cells:
                     self._land(cell, [r | engine_cols | ran for r in self.rows.status_rows(cell, "failed", reason)])

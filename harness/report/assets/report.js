@@ -51,6 +51,19 @@
         el("div", {}, el("h3", { text: "Experiment" }), kv(facts)),
         el("div", {}, el("h3", { text: "Matrix" }), kv(matrix)),
         el("div", {}, el("h3", { text: "Provenance" }), kv(prov))));
+    const g = DATA.guarantees;
+    if (g.settings.length) {
+      document.getElementById("overview-body").append(el("h3", { text: "Guarantee per setting" }),
+        el("ul", { class: "guarantees" }, g.settings.map((s) => el("li", {},
+          el("span", { class: `badge ${s.guarantee}`, text: s.guarantee.replace("_", " ") }), ` ${s.setting}: ${s.evidence}`))));
+    }
+    if (g.likely_bugs.length) {
+      document.getElementById("overview-body").append(
+        el("h3", { class: "bug", text: `Likely bugs: ${g.likely_bugs.length} confident flip(s)` }),
+        el("p", { class: "note", text: `Runs that departed where the reference's top-1 led top-2 by ${g.confident_margin} nats or more: rounding does not move logits that far.` }),
+        el("ul", {}, g.likely_bugs.map((b) => el("li", {},
+          `${b.setting}: ${b.prompt} repeat ${b.repeat} at token ${b.token} (margin ${b.margin.toFixed(2)}; cell ${b.cell})`))));
+    }
   }
 
   // ---------- charts ----------

@@ -1,0 +1,157 @@
+"""Flip classes and guarantee classes on folders written by hand: every run's tokens, log-probabilities
+and reference margins are known here, so each class and count is worked out in the test from
+those numbers, and the summary, the settings table, the gate and the report must agree with it."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.analysis import flips, guarantees
+from harness.analysis.folder_analysis import Analysis
+from harness.experiment.config import load_experiment
+from harness.experiment.matrix import expand
+from harness.results.folder import open_results
+
+from .conftest import row_for, run_harness, synthetic_folder
+
+REF = [11, 12, 13, 14, 15, 16]
+MARGINS = [3.0, 0.0, 0.05, 0.5, 2.5, 1.0]  # the reference's top-1 minus top-2 at each step
+LOGPROBS = [-0.25] * len(REF)
+
+
+def _departing(step: int) -> list[int]:
+    return REF[:step] + [99] + REF[step + 1:]
+
+
+def _folder(root, plan: dict[int, dict[tuple[str, int], list[int]]], logprob_shift: dict[int, float],
+            answers: dict[tuple[int, str, int], str] | None = None):
+    """Batch sizes 1, 2, 4, 8, prompts p1 and p2 (with a parse rule), 4 repeats. `plan[batch][(prompt,
+    repeat)]` gives a run's tokens (default: the reference's); `answers` a run's parsed answer (default 'x')."""
+    folder, _ = synthetic_folder(root, ["p1", "p2"], {"batch_size": [1, 2, 4, 8]}, repeats=4)
+    spec_path = root.parent / f"{root.name}.yaml"
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["prompts"] = [{"id": p, "text": f"question {p}", "answer": "x", "parse": "exact"} for p in ("p1", "p2")]
+    spec_path.write_text(yaml.safe_dump(spec))
+    loaded = load_experiment(spec_path)
+    folder.adopt(loaded)
+    for cell in expand(loaded):
+        batch, rows = cell["batch_size"], []
+        for prompt in ("p1", "p2"):
+            for repeat in range(4):
+                tokens = plan.get(batch, {}).get((prompt, repeat), REF)
+                answer = (answers or {}).get((batch, prompt, repeat), "x")
+                lp = [v + logprob_shift.get(batch, 0.0) for v in LOGPROBS]
+                rows.append(row_for(cell, prompt, repeat, tokens, logprobs=lp, margins=MARGINS, schema_version=3,
+                                    logprobs_hash=_lp_hash(lp), answer_parsed=answer, answer_expected="x",
+                                    answer_correct=answer == "x", text=answer))
+        folder.write_cell(cell.id, rows, "t")
+    return folder
+
+
+def _lp_hash(values: list[float]) -> str:
+    from harness.results.rows import logprobs_hash
+
+    return logprobs_hash(values)
+
+
+def _expected_class(margin: float) -> str:
+    """The classes as the module documents them, written out here."""
+    if margin == 0:
+        return "exact_tie"
+    if margin < 0.1:
+        return "near_tie"
+    return "ordinary" if margin < 2.0 else "confident"
+
+
+@pytest.fixture
+def graded(tmp_path):
+    plan = {2: {("p1", r): _departing(step) for r, step in enumerate((1, 2, 3, 4))},
+            8: {("p1", 0): _departing(5)}}
+    return _folder(tmp_path / "graded", plan, {4: 1e-3}, answers={(2, "p1", 0): "y"})
+
+
+def test_departures_are_classed_by_the_reference_margin_and_settings_get_their_guarantee(graded):
+    analysis = Analysis(open_results(graded.root))
+    got = analysis.flips.sort_values(["batch_size", "repeat"])
+    want = [(2, r, step, _expected_class(MARGINS[step])) for r, step in enumerate((1, 2, 3, 4))] + \
+           [(8, 0, 5, _expected_class(MARGINS[5]))]
+    assert [(int(b), int(r), int(s), c) for b, r, s, c in
+            got[["batch_size", "repeat", "first_divergence", "flip_class"]].itertuples(index=False)] == want
+    assert list(got["flip_margin"]) == pytest.approx([MARGINS[s] for _, _, s, _ in want])
+    assert {c for *_, c in want} == {"exact_tie", "near_tie", "ordinary", "confident"}
+
+    settings = analysis.by_setting.set_index("batch_size")
+    assert settings.loc[2, ["flips_exact_tie", "flips_near_tie", "flips_ordinary", "flips_confident"]].tolist() == [1, 1, 1, 1]
+    assert settings.loc[8, "flips_ordinary"] == 1 and settings.loc[4, "flips_confident"] == 0
+    # batch 1's repeats are bitwise equal to its first run; batch 4 has the tokens with other
+    # log-probabilities; batch 8 departs in tokens but gives every answer; batch 2 changes one
+    # answer, and the reference's own repeats never depart: no noise floor to be within
+    assert settings["guarantee"].to_dict() == {1: "bitwise", 2: "diverges", 4: "same_tokens", 8: "same_answers"}
+    assert "8/8 runs" in settings.loc[4, "guarantee_evidence"] and "4/8 runs depart" in settings.loc[2, "guarantee_evidence"]
+
+    from harness.report import html
+
+    page = html.build(analysis)["guarantees"]
+    assert [(b["setting"], b["token"], b["margin"]) for b in page["likely_bugs"]] == [("batch_size=2", 4, 2.5)]
+    assert {s["setting"]: s["guarantee"] for s in page["settings"]}["batch_size=8"] == "same_answers"
+
+    shown = run_harness("summarize", str(graded.root))
+    assert shown.returncode == 0, shown.stderr
+    line = next(t for t in shown.stdout.splitlines() if t.startswith("batch_size=2:"))
+    assert line.startswith("batch_size=2: diverges;") and "1 confident (likely bug)" in line and "1 exact tie" in line
+    assert any(t.startswith("batch_size=1: bitwise;") for t in shown.stdout.splitlines())
+    table = json.loads(run_harness("summarize", str(graded.root), "--what", "flips", "--format", "json").stdout)
+    assert sorted(r["flip_class"] for r in table) == sorted(c for *_, c in want)
+    # a stricter confident margin moves the 2.5 departure to ordinary and keeps 3.0 out of reach
+    strict = json.loads(run_harness("summarize", str(graded.root), "--what", "settings", "--format", "json",
+                                    "--confident-margin", "3.0").stdout)
+    assert {r["batch_size"]: r["flips_confident"] for r in strict}[2] == 0
+    refused = run_harness("summarize", str(graded.root), "--near-tie", "3", "--confident-margin", "2")
+    assert refused.returncode == 2 and "above --confident-margin 2" in refused.stderr
+
+
+def test_gate_rules_on_confident_flips_and_guarantees(graded, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"expect": [
+        {"name": "no likely bugs at 2", "where": {"batch_size": 2}, "confident_flips_max": 0},
+        {"name": "no likely bugs at 8", "where": {"batch_size": 8}, "confident_flips_max": 0},
+        {"name": "looser margin", "where": {"batch_size": 2}, "confident_flips_max": 0, "confident_margin": 2.6,
+         "allow_failed": True},
+        {"name": "tokens at 4", "where": {"batch_size": 4}, "guarantee": "same_tokens"},
+        {"name": "bitwise at 4", "where": {"batch_size": 4}, "guarantee": "bitwise"},
+        {"name": "answers at 8", "where": {"batch_size": 8}, "guarantee": "same_answers"},
+        {"name": "anything", "guarantee": "diverges"},
+    ]}))
+    junit = tmp_path / "j.xml"
+    done = run_harness("check", str(graded.root), "--expect", str(rules), "--junit", str(junit))
+    assert done.returncode == 1
+    from xml.etree import ElementTree
+
+    failed = {case.get("name"): case.find("failure") for case in ElementTree.parse(junit).getroot()}
+    assert {name for name, f in failed.items() if f is not None} == {"no likely bugs at 2", "bitwise at 4"}
+    assert "largest 2.50 at token 4" in failed["no likely bugs at 2"].get("message")
+    assert "same_tokens (wants bitwise" in failed["bitwise at 4"].get("message")
+
+
+def test_within_noise_needs_a_reference_that_departs_as_often(tmp_path):
+    plan = {1: {("p1", 2): _departing(3)}, 2: {("p1", 1): _departing(3)}}
+    folder = _folder(tmp_path / "noisy", plan, {}, answers={(1, "p1", 2): "y", (2, "p1", 1): "y"})
+    settings = Analysis(open_results(folder.root)).by_setting.set_index("batch_size")
+    # batch 2: 1 of 8 runs departs; batch 1's own repeats (6 besides the two reference runs): 1 of 6
+    p = 1 - comb(8, 0) * comb(6, 2) / comb(14, 2)
+    assert settings.loc[2, "guarantee"] == "within_noise"
+    assert settings.loc[2, "guarantee_bound"] == pytest.approx(p)
+    assert settings.loc[1, "guarantee"] == "diverges"  # the floor itself is never within its own noise
+    assert guarantees.fisher_greater(5, 8, 0, 6) < guarantees.ALPHA  # 5 of 8 against 0 of 6 is beyond it
+
+
+def test_sampled_and_unrecorded_departures_are_not_given_a_margin_class():
+    got = flips.classify(np.array([5.0, np.nan, 0.0]), np.array([True, False, False]))
+    assert list(got) == ["sampled", "unclassified", "exact_tie"]
+    with pytest.raises(ValueError, match="at most the confident margin"):
+        flips.classify(np.array([1.0]), np.array([False]), eps=3.0, confident=2.0)
