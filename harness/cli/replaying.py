@@ -26,6 +26,8 @@ def replay(
     per_run: bool = typer.Option(False, "--per-run", help="With json/csv: one record per replayed run, not per cell and prompt."),
     force: bool = typer.Option(False, "--force", help="Replay again cells this replayer has replayed already."),
     any_device: bool = typer.Option(False, "--any-device", help="Replay runs that ran on a GPU this machine lacks here anyway."),
+    where: list[str] = typer.Option([], "--where", help="Replay only the cells with this setting, AXIS=VALUE "
+                                    "(repeatable)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per replayer, cell and prompt."),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
@@ -43,7 +45,7 @@ def replay(
 
     allowed("--format", fmt, ("table", "json", "csv"))
     parse_settings([f"{a}={v}" for a, v in (("engine", engine), ("dtype", dtype)) if v], "--engine/--dtype")
-    found = open_folder(results, all_cells)
+    found = open_folder(results, all_cells).restricted(parse_settings(where, "--where"), "--where")
     screen = data_console(fmt)
     if not stats_only:
         with stdout_to_stderr(fmt != "table"):

@@ -118,8 +118,9 @@ class VllmEngine(Engine):
     Options = VllmOptions
     logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope
     score_unavailable = None
-    replay_unavailable = ("forcing recorded tokens through vLLM's decode needs a logits processor that this "
-                          "harness does not install yet; 'harness rescore' measures the prefill path")
+    replay_unavailable = ("vLLM's trace replay (SamplingParams.trace_decode_token_ids) needs an engine started "
+                          "with enable_trace_replay, which this harness does not wire yet; 'harness rescore' "
+                          "measures the prefill path")
     axes = {
         "model": HONOUR,
         "engine": HONOUR,

@@ -72,11 +72,10 @@ def _setting_label(axes: list[str], key: Any) -> str:
 def _boot_split(rec: dict[str, Any]) -> str:
     """'; same boot as the reference run 8/8 identical, other boots 3/8' where runs of another engine
     load were compared (boots > 1, or a reference from another load); empty otherwise."""
-    cross = int(rec.get("cross_boot_compared") or 0)
-    if not cross:
+    cross, same = int(rec.get("cross_boot_compared") or 0), int(rec.get("same_boot_compared") or 0)
+    if not cross or not same:  # a reference of another load only (another dtype, engine): not a restart
         return ""
-    same, same_d, cross_d = int(rec.get("same_boot_compared") or 0), int(rec.get("same_boot_diverged") or 0), \
-        int(rec.get("cross_boot_diverged") or 0)
+    same_d, cross_d = int(rec.get("same_boot_diverged") or 0), int(rec.get("cross_boot_diverged") or 0)
     return (f"; same boot as the reference run {same - same_d}/{same} identical, other boots (engine loads) "
             f"{cross - cross_d}/{cross}")
 
