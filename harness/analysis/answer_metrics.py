@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from harness.analysis.metrics import KEY_COLUMNS, keys_of, reference_repeats
+from harness.analysis.metrics import KEY_COLUMNS, keys_of, reference_repeats, select_setting
 
 ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "output_hash", "n_tokens", "answer_parsed", "answer_expected",
@@ -110,7 +110,7 @@ def answer_summary(
         rec.update(answer_agreement=np.nan, prompts_changed=np.nan, accuracy_diff=np.nan, diff_low=np.nan,
                    diff_high=np.nan)
         if ref is not None:
-            answers = _select(ok, setting).merge(ref[["prompt_id", "first_answer", "first_repeat"]], on="prompt_id")
+            answers = select_setting(ok, setting).merge(ref[["prompt_id", "first_answer", "first_repeat"]], on="prompt_id")
             # not the reference run itself
             judged = answers[answers["repeat"] != answers["first_repeat"]] if ref_key == key else answers
             if len(judged):
@@ -124,12 +124,3 @@ def answer_summary(
                 rec["diff_low"], rec["diff_high"] = bootstrap(diff, seed)
         records.append(rec)
     return pd.DataFrame(records)[columns]
-
-
-def _select(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
-    """The rows of one setting; a setting an engine does not have (a swept option of another engine,
-    missing in its rows) matches missing values."""
-    mask = np.ones(len(frame), dtype=bool)
-    for column, value in setting.items():
-        mask &= (frame[column].isna() if pd.isna(value) else frame[column] == value).to_numpy()
-    return frame[mask]

@@ -9,7 +9,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pandas as pd
 
-from harness.analysis.metrics import keys_of
+from harness.analysis.metrics import keys_of, select_setting
 from harness.core.errors import HarnessError
 from harness.experiment.varying import varying
 from harness.experiment.config import CONDITIONS, Expectation
@@ -108,10 +108,10 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
         column = f"upper95_{rule.bound}"
         for r in per_setting.to_dict("records"):
             if not r[column] <= rule.divergence_bound_max:  # NaN (one prompt, with divergences) fails too
-                setting = ", ".join(f"{k}={r[k]}" for k in _varying_keys(per_setting))
+                setting = _setting_of(r, per_setting)
                 why = (f"95% upper bound {100 * r[column]:.1f}%" if r[column] == r[column]
                        else "no bound with prompts as the unit from one prompt")
-                problems.append(f"{setting or 'all cells'}: {r['diverged']}/{r['compared']} diverged over "
+                problems.append(f"{setting}: {r['diverged']}/{r['compared']} diverged over "
                                 f"{r['prompts']} prompt(s); {why} ({rule.bound}) > {100 * rule.divergence_bound_max:g}%")
     if rule.divergence_rate_min is not None:
         # The negative control: with the mode off a difference must be found, or the test tests
@@ -168,9 +168,7 @@ def _judge_settings(rule: Expectation, settings: Callable[[], pd.DataFrame],
         margin = flips_module.CONFIDENT if rule.confident_margin is None else rule.confident_margin
         keys = [k for k in keys_of(table) if k in departed]
         for r in greedy.to_dict("records"):
-            mine = departed
-            for k in keys:
-                mine = mine[mine[k].isna()] if pd.isna(r[k]) else mine[mine[k] == r[k]]
+            mine = select_setting(departed, {k: r[k] for k in keys})
             known = mine["flip_margin"].notna()
             confident = mine[known & (mine["flip_margin"] >= margin)]
             label = _setting_of(r, chosen)

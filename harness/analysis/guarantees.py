@@ -24,6 +24,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 
+from harness.analysis.metrics import select_setting
 from harness.experiment.config import GUARANTEES as CLASSES
 
 #: how strong each class is: a rule `guarantee: X` passes for a setting whose class is at least X
@@ -62,12 +63,7 @@ def floors(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def _answers_of(answers: pd.DataFrame | None, setting: dict, keys: list[str]) -> dict | None:
     if answers is None or answers.empty:
         return None
-    mask = np.ones(len(answers), dtype=bool)
-    for k in keys:
-        if k in answers:
-            v = setting.get(k)
-            mask &= (answers[k].isna() if pd.isna(v) else answers[k] == v).to_numpy()
-    found = answers[mask]
+    found = select_setting(answers, {k: setting.get(k) for k in keys if k in answers})
     return None if found.empty else found.iloc[0].to_dict()
 
 

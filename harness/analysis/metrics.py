@@ -67,6 +67,15 @@ ROW_COLUMNS = list(KEY_COLUMNS) + [
 ] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
 
 
+def select_setting(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
+    """The rows of one setting; a setting an engine does not have (a swept option of another engine,
+    missing in its rows) matches missing values."""
+    mask = np.ones(len(frame), dtype=bool)
+    for column, value in setting.items():
+        mask &= (frame[column].isna() if pd.isna(value) else frame[column] == value).to_numpy()
+    return frame[mask]
+
+
 def setting_ids(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, pd.DataFrame]:
     """(per row, the number of its setting; per number, the setting's `keys`), settings numbered in
     sorted order. Worked out per cell, since a cell holds one setting: grouping a million rows by
