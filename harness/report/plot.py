@@ -6,7 +6,8 @@ from pathlib import Path
 
 from harness.report.charts import Charts
 
-FORMATS = ("png", "svg")
+#: figure formats; "csv" alone writes the numbers without drawing (for plotting elsewhere)
+FORMATS = ("png", "svg", "csv")
 
 
 def _figure(rows: int):
@@ -170,8 +171,10 @@ def _plottable(ch: Charts, name: str):
 def write(ch: Charts, out: Path, formats: tuple[str, ...] = FORMATS) -> tuple[list[Path], list[str]]:
     """Draw every chart that has data, each beside a CSV of its numbers.
 
-    Returns the files written and the charts left out, with why.
+    Returns the files written and the charts left out, with why. Every chart's CSV is written;
+    a figure is drawn only for the image formats among `formats`.
     """
+    figures = [f for f in formats if f != "csv"]
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     left_out: list[str] = []
@@ -181,8 +184,10 @@ def write(ch: Charts, out: Path, formats: tuple[str, ...] = FORMATS) -> tuple[li
         if _plottable(ch, name).empty:
             left_out.append(f"{name}: no data in these results")
             continue
+        if not figures:
+            continue
         plt, fig = draw(ch)
-        for fmt in formats:
+        for fmt in figures:
             path = out / f"{name}.{fmt}"
             fig.savefig(path, dpi=150)
             written.append(path)
