@@ -75,15 +75,17 @@ def run_experiment(root: Path, experiment: str, group_timeout_s: float | None = 
 FORKABLE = frozenset({"summarize", "status", "check", "compare", "report", "plot", "plan", "merge", "models"})
 
 
-def run_harness(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_harness(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The real command line, as a user runs it: `python -m harness ARGS` (its exit code, stdout and
-    stderr). A command of FORKABLE runs in a forked child of this process, through the same entry."""
+    stderr), with `env` added to the environment. A command of FORKABLE runs in a forked child of
+    this process, through the same entry."""
     if not args or args[0] not in FORKABLE or (args[0] == "compare" and "--score" in args):
-        return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd)
-    return _forked(list(args), cwd)
+        return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
+                              env=None if env is None else {**os.environ, **env})
+    return _forked(list(args), cwd, env or {})
 
 
-def _forked(args: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
+def _forked(args: list[str], cwd: Path | None, env: dict[str, str]) -> subprocess.CompletedProcess:
     import io
     import threading
 
@@ -100,6 +102,7 @@ def _forked(args: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
             os.dup2(devnull, 0)
             if cwd is not None:
                 os.chdir(cwd)
+            os.environ.update(env)
             sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
             sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from harness.analysis.compare import around_split
 
-from .conftest import row_for, synthetic_folder
+from .conftest import row_for, run_harness, synthetic_folder
 
 def _folder(root, gpu, outputs, extra_batch=False):
     """outputs: prompt_id -> token ids (repeat 0) for batch size 1; extra_batch adds a batch-2 cell."""
@@ -39,8 +37,7 @@ def test_compare_refuses_runs_of_other_prompt_or_batch_mate_texts(tmp_path):
 
 
 def _compare(a, b, *extra):
-    return subprocess.run([sys.executable, "-m", "harness", "compare", str(a), str(b), *extra],
-                          capture_output=True, text=True)
+    return run_harness("compare", str(a), str(b), *extra)
 
 
 def test_compare_finds_known_differences_and_lists_unmatched_settings(tmp_path):

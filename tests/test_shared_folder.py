@@ -23,7 +23,7 @@ from harness.results.folder import ResultsFolder, landing_rule
 from harness.experiment.matrix import expand
 from harness.run.runner import Runner
 
-from .conftest import PROMPTS, needs_llama
+from .conftest import PROMPTS, needs_llama, run_harness
 
 
 @pytest.mark.parametrize("old, new, force, written", [
@@ -185,8 +185,7 @@ def test_the_folder_lock_excludes_other_processes_and_breaks_a_dead_holders(tmp_
 def _gate(root: Path, rules: str) -> subprocess.CompletedProcess:
     """`harness check` with these rules, its table wide enough to keep each verdict on one line."""
     (root.parent / "rules.yaml").write_text(rules)
-    return subprocess.run([sys.executable, "-m", "harness", "check", str(root), "--expect", str(root.parent / "rules.yaml")],
-                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"})
+    return run_harness("check", str(root), "--expect", str(root.parent / "rules.yaml"), env={"COLUMNS": "400"})
 
 
 def test_the_gate_fails_on_cells_that_never_ran_or_were_skipped(tmp_path):

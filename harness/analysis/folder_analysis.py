@@ -160,8 +160,8 @@ class Analysis:
         """What the loads chose by themselves (llama.cpp's extra buffers off under auto) and the CPU
         kernel paths the rows were computed in, from the rows."""
         rows = self.rows
-        notes = auto_fallbacks(rows["engine_info"].astype(str)) if "engine_info" in rows else []
-        paths = sorted({str(p) for p in rows["cpu_kernels"].dropna().unique() if str(p)}) if "cpu_kernels" in rows else []
+        notes = auto_fallbacks(_distinct(rows["engine_info"])) if "engine_info" in rows else []
+        paths = sorted({str(p) for p in _distinct(rows["cpu_kernels"]) if str(p)}) if "cpu_kernels" in rows else []
         return notes + [f"cpu kernels: {p}" for p in paths]
 
     def missing(self) -> pd.DataFrame | None:
@@ -192,6 +192,13 @@ class Analysis:
             frame = self.table(name)
             if always or not frame.empty:
                 store.atomic_write(root / f"{stem}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
+
+
+def _distinct(column: pd.Series) -> list[Any]:
+    """The distinct present values of a column (on a categorical's codes: no million strings made)."""
+    import pandas as pd
+
+    return [v for v in column.unique() if not pd.isna(v)]
 
 
 #: the tables of an analysis, by the name `summarize --what` takes: (attribute, file stem in the

@@ -47,8 +47,9 @@ def fisher_greater(d1: int, n1: int, d0: int, n0: int) -> float:
 def floors(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per setting: the reference setting's own repeats against its reference runs (`floor_compared`,
     `floor_diverged`) and whether the setting is itself a reference (`is_floor`)."""
-    judged = compared[compared["matched"].notna()]
-    own = judged[judged["cell_id"] == judged["reference_cell"]]
+    columns = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "matched", "first_divergence"]))
+    judged = compared.loc[compared["matched"].notna().to_numpy(), columns]  # a million rows: only these columns
+    own = judged[(judged["cell_id"] == judged["reference_cell"]).to_numpy()]
     per_ref = own.groupby("reference_cell").agg(n=("matched", "size"), d=("first_divergence", "count"))
     pairs = judged[list(dict.fromkeys(keys + ["cell_id", "reference_cell"]))].drop_duplicates(["cell_id", "reference_cell"])
     pairs = pairs.join(per_ref, on="reference_cell").fillna({"n": 0, "d": 0})

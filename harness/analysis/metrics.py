@@ -351,7 +351,9 @@ def against_reference(
     if unswept:  # every cell would be its own reference and every run would match
         raise UsageError(f"--reference {unswept[0]}={reference[unswept[0]]}: these results do not sweep "
                          f"{unswept[0]}; swept engine options here: {', '.join(option_columns(rows)) or 'none'}")
-    ok = rows[rows["status"] == "ok"].copy()
+    is_ok = (rows["status"] == "ok").to_numpy()
+    # columns are added, never written into: a shallow copy (a million rows are not copied twice)
+    ok = (rows if is_ok.all() else rows[is_ok]).copy(deep=False)
     stands, share, tie = _stand_ins(ok, reference_run)
     first = ok[stands].assign(reference_share=share[stands], reference_tie=tie[stands])
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
@@ -374,8 +376,9 @@ def against_reference(
                "reference_tie", "reference_load"]
     per_cell = lookup.merge(ref_table, on=keys, how="inner")[["cell_id", "prompt_id"] + carried]
     merged = ok[["cell_id", "prompt_id"]].merge(per_cell, on=["cell_id", "prompt_id"], how="left")
-    for column in carried:
-        ok[column] = merged[column].to_numpy()
+    for column in carried:  # texts stay Python objects (pandas 3 would convert a million of them to Arrow strings)
+        values = merged[column].to_numpy()
+        ok[column] = pd.Series(values, index=ok.index, dtype=object) if values.dtype == object else values
     if any(c in ok for c in PROVENANCE_COLUMNS):
         present = [c for c in PROVENANCE_COLUMNS if c in ok]
         # one record per distinct (run's cell, its provenance, reference cell): the same verdict
@@ -386,8 +389,8 @@ def against_reference(
         refuse_mixed(paired.reset_index(drop=True), refs, implied | set(allow_mixed), "comparing runs with their reference")
     # The reference run itself is not evidence of agreement: leave it out of the comparison.
     nodes = dict(zip(first["cell_id"], _machine_of(first)))  # a cell's runs come from one machine
-    ok["node"] = ok["cell_id"].map(nodes)
-    ok["reference_node"] = ok["reference_cell"].map(nodes)
+    ok["node"] = ok["cell_id"].map(nodes).astype(object)
+    ok["reference_node"] = ok["reference_cell"].map(nodes).astype(object)
     ok["is_reference"] = (ok["cell_id"] == ok["reference_cell"]) & (ok["repeat"] == ok["reference_repeat"])
     ok.loc[ok["is_reference"], "ref_hash"] = None
     has_ref = ok["ref_hash"].notna()

@@ -256,6 +256,21 @@ def _shared_strings(frame: "pd.DataFrame", keep: Iterable[str] = ()) -> "pd.Data
     return frame
 
 
+def _read_cell_file(path: Path, wanted: list[str] | None) -> pa.Table:
+    """One cell file's `wanted` columns (all when None), its texts dictionary-encoded, later axes filled."""
+    footer = readable(path)
+    schema = footer.schema_arrow
+    names = set(schema.names)
+    present = None if wanted is None else [c for c in wanted if c in names]
+    # text columns read as Parquet stores them, dictionary-encoded: a cell repeats its settings
+    # and provenance in every row, and each distinct value is then one Python string
+    chosen = names if present is None else set(present)
+    text = [f.name for f in schema if f.name in chosen and pa.types.is_string(f.type)]
+    table = pq.ParquetFile(path, read_dictionary=text, metadata=footer.metadata).read(columns=present)
+    _refuse_newer(path, table)
+    return _encoded(_with_later_axes(table, wanted))
+
+
 def _rows_at(path: Path) -> list[dict[str, Any]]:
     """A file's rows as written; empty when it is gone or unreadable; refused when a newer harness wrote it."""
     try:
@@ -414,18 +429,13 @@ class Store:
         files = self.cell_files(cell_ids)
         if not files:
             return ROW_SCHEMA.empty_table().to_pandas()[columns or ROW_SCHEMA.names]
-        tables = []
-        for path in files:
-            wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-            footer = readable(path)
-            schema = footer.schema_arrow
-            present = None if wanted is None else [c for c in wanted if c in schema.names]
-            # text columns read as Parquet stores them, dictionary-encoded: a cell repeats its settings
-            # and provenance in every row, and each distinct value is then one Python string
-            text = [f.name for f in schema if pa.types.is_string(f.type) and (present is None or f.name in present)]
-            table = pq.ParquetFile(path, read_dictionary=text, metadata=footer.metadata).read(columns=present)
-            _refuse_newer(path, table)
-            tables.append(_encoded(_with_later_axes(table, wanted)))
+        from concurrent.futures import ThreadPoolExecutor
+
+        wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
+        # Parquet decodes outside the GIL: a few threads read a folder of many cell files faster
+        # (the order of the files, and so of the rows, is kept)
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            tables = list(pool.map(lambda path: _read_cell_file(path, wanted), files))
         frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas(),
                                 keep=WHERE_MADE if provenance_as_categories else ())
         names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
@@ -487,35 +497,46 @@ class Store:
         """`column` of the given runs (their cell_id, prompt_id and repeat), read for those rows only:
         a per-step list wanted for the few thousand runs that depart, not for a million.
         None where a run or the column is not on disk."""
-        import numpy as np
+        from concurrent.futures import ThreadPoolExecutor
+
         import pandas as pd
 
         out = pd.Series([None] * len(runs), index=runs.index, dtype=object)
-        for cell_id, part in runs.groupby("cell_id", sort=False):
-            path = self.cell_path(str(cell_id))
-            if not path.is_file():
-                continue
-            handle = readable(path)
-            if column not in handle.schema_arrow.names:
-                continue
-            ids = handle.read(columns=["prompt_id", "repeat"])
-            prompts = [str(p) for p in part["prompt_id"].astype(object).unique()]
-            repeats = part["repeat"].to_numpy(dtype=np.int64)
-            # only the rows that can be wanted become Python values (a few of thousands, in a big cell)
-            maybe = pc.and_(pc.is_in(ids.column(0), value_set=pa.array(prompts, pa.string())),
-                            pc.is_in(ids.column(1), value_set=pa.array(np.unique(repeats), ids.column(1).type)))
-            rows = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
-            where: dict[tuple[str, int], int] = {}
-            for row, p, r in zip(rows, ids.column(0).take(pa.array(rows)).to_pylist(),
-                                 ids.column(1).take(pa.array(rows)).to_pylist()):
-                where.setdefault((p, int(r)), int(row))
-            at = np.array([where.get((str(p), int(r)), -1) for p, r in zip(part["prompt_id"], repeats)], dtype=float)
-            at[at < 0] = np.nan
-            found = ~np.isnan(at)
-            if found.any():
-                values = handle.read(columns=[column]).column(0).take(pa.array(at[found].astype(np.int64)))
-                out.loc[part.index[found]] = pd.Series(values.to_pylist(), index=part.index[found], dtype=object)
+        parts = [(str(cell_id), part) for cell_id, part in runs.groupby("cell_id", sort=False)]
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:  # file by file, in threads
+            found = list(pool.map(lambda job: self._values_in_cell(column, *job), parts))
+        for index, values in found:
+            if len(index):
+                out.loc[index] = pd.Series(values, index=index, dtype=object)
         return out
+
+    def _values_in_cell(self, column: str, cell_id: str, part: "pd.DataFrame") -> tuple[Any, list[Any]]:
+        """(the index of `part`'s runs found in the cell's file, their `column` values)."""
+        import numpy as np
+
+        path = self.cell_path(cell_id)
+        if not path.is_file():
+            return part.index[:0], []
+        handle = readable(path)
+        if column not in handle.schema_arrow.names:
+            return part.index[:0], []
+        ids = handle.read(columns=["prompt_id", "repeat"])
+        prompts = [str(p) for p in part["prompt_id"].astype(object).unique()]
+        repeats = part["repeat"].to_numpy(dtype=np.int64)
+        # only the rows that can be wanted become Python values (a few of thousands, in a big cell)
+        maybe = pc.and_(pc.is_in(ids.column(0), value_set=pa.array(prompts, pa.string())),
+                        pc.is_in(ids.column(1), value_set=pa.array(np.unique(repeats), ids.column(1).type)))
+        rows = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
+        where: dict[tuple[str, int], int] = {}
+        for row, p, r in zip(rows, ids.column(0).take(pa.array(rows)).to_pylist(),
+                             ids.column(1).take(pa.array(rows)).to_pylist()):
+            where.setdefault((p, int(r)), int(row))
+        at = np.array([where.get((str(p), int(r)), -1) for p, r in zip(part["prompt_id"], repeats)], dtype=np.int64)
+        found = at >= 0
+        if not found.any():
+            return part.index[:0], []
+        values = handle.read(columns=[column]).column(0).take(pa.array(at[found]))
+        return part.index[found], values.to_pylist()
 
     def read_cell(self, cell_id: str, columns: list[str] | None = None) -> pd.DataFrame:
         return readable(self.cell_path(cell_id)).read(columns=columns).to_pandas()
