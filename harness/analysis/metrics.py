@@ -516,7 +516,7 @@ def summarize(
     used = by + ["output_hash", "matched", "first_divergence", "n_tokens", "target_tokens_per_s", "reference_cell",
                  "reference_repeat", "reference_share", "reference_tie", "node", "reference_node",
                  "logprob_first_diff", "logprob_max_abs_diff", "load_id", "same_load"]
-    ok = compared[used].copy()
+    ok = compared[used]  # a new frame (columns chosen by a list): columns are added to it
     for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
         ok[column] = compared[column] if column in compared else np.nan
     ok["identical_lp"] = compared["logprobs_identical"].astype("Float64")

@@ -81,7 +81,7 @@ def per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Ser
         out[idx, 3] = np.where(flip_bucket >= 0, (m[at] < eps) if len(m) else False, np.nan)
         out[idx, 4] = np.where(flip_bucket >= 0, m[at] if len(m) else np.nan, np.nan)
         out[idx, 5:] = counts[:, window].T
-    frame = judged[list(dict.fromkeys(["cell_id", "prompt_id", "repeat", "first_divergence"] + keys_of(compared)))].copy()
+    frame = judged[list(dict.fromkeys(["cell_id", "prompt_id", "repeat", "first_divergence"] + keys_of(compared)))]
     frame["has_margins"] = ~np.isnan(out[:, 0])
     frame["departed"] = ~np.isnan(departed)
     frame["steps"], frame["near"] = out[:, 0], out[:, 1]
