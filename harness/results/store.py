@@ -6,7 +6,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -256,6 +256,15 @@ def _shared_strings(frame: "pd.DataFrame", keep: Iterable[str] = ()) -> "pd.Data
     return frame
 
 
+def _file_by_file(read: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    """`read` of each item, in order, in a few threads: Parquet decodes outside the GIL, so a folder
+    of many cell files is read faster than one file after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(read, items))
+
+
 def _read_cell_file(path: Path, wanted: list[str] | None) -> pa.Table:
     """One cell file's `wanted` columns (all when None), its texts dictionary-encoded, later axes filled."""
     footer = readable(path)
@@ -429,13 +438,8 @@ class Store:
         files = self.cell_files(cell_ids)
         if not files:
             return ROW_SCHEMA.empty_table().to_pandas()[columns or ROW_SCHEMA.names]
-        from concurrent.futures import ThreadPoolExecutor
-
         wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-        # Parquet decodes outside the GIL: a few threads read a folder of many cell files faster
-        # (the order of the files, and so of the rows, is kept)
-        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            tables = list(pool.map(lambda path: _read_cell_file(path, wanted), files))
+        tables = _file_by_file(lambda path: _read_cell_file(path, wanted), files)
         frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas(),
                                 keep=WHERE_MADE if provenance_as_categories else ())
         names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
@@ -497,14 +501,11 @@ class Store:
         """`column` of the given runs (their cell_id, prompt_id and repeat), read for those rows only:
         a per-step list wanted for the few thousand runs that depart, not for a million.
         None where a run or the column is not on disk."""
-        from concurrent.futures import ThreadPoolExecutor
-
         import pandas as pd
 
         out = pd.Series([None] * len(runs), index=runs.index, dtype=object)
         parts = [(str(cell_id), part) for cell_id, part in runs.groupby("cell_id", sort=False)]
-        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:  # file by file, in threads
-            found = list(pool.map(lambda job: self._values_in_cell(column, *job), parts))
+        found = _file_by_file(lambda job: self._values_in_cell(column, *job), parts)
         for index, values in found:
             if len(index):
                 out.loc[index] = pd.Series(values, index=index, dtype=object)
