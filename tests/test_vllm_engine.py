@@ -33,20 +33,21 @@ matrix:
 engine_options:
   vllm: {enforce_eager: true, max_num_seqs: 8, max_model_len: 512}
 """
-#: the cache and chunking cells, run in the same experiment: the off cells share the plain load
+#: the cache and chunking cells, run in the same experiment: the off cells share the plain load, and
+#: the cached ones are prefilled in chunks of 64 (one load for both: a vLLM load is the dearest part
+#: of the suite, and the prefix cache must reuse blocks whichever way the prompt was prefilled)
 CACHE_CELLS = """include:
   - {batch_size: 2, prefix_cache: "off", context_tokens: 300}
-  - {batch_size: 2, prefix_cache: cold, context_tokens: 300}
-  - {batch_size: 2, prefix_cache: warm, context_tokens: 300}
-  - {batch_size: 2, prefix_cache: "off", context_tokens: 300, prefill_chunk: 64}
+  - {batch_size: 2, prefix_cache: cold, context_tokens: 300, prefill_chunk: 64}
+  - {batch_size: 2, prefix_cache: warm, context_tokens: 300, prefill_chunk: 64}
   - {batch_size: 2, prefix_cache: "off", context_tokens: 300, kv_cache_dtype: q8_0}
 """
 
 
 @pytest.fixture(scope="module")
 def vllm_rows(tmp_path_factory):
-    """Every real-vLLM test's rows from one run: four loads (plain, batch-invariant, prefix caching on,
-    a prefill chunk of 64), each started once."""
+    """Every real-vLLM test's rows from one run: three loads (plain, batch-invariant, prefix caching on
+    with a prefill chunk of 64), each started once."""
     root = tmp_path_factory.mktemp("vllm")
     store = run_experiment(root, EXPERIMENT + CACHE_CELLS, group_timeout_s=900)
     rows = store.read_rows()
@@ -133,6 +134,8 @@ def test_prefix_cache_and_prefill_chunk_on_vllm(vllm_rows):
     assert set(info[ok.prefix_cache != "off"].map(lambda i: i["enable_prefix_caching"])) == {True}
     assert set(info[ok.prefix_cache == "off"].map(lambda i: i["enable_prefix_caching"])) == {False}
     chunked = info[ok.prefill_chunk == "64"]
-    assert len(chunked) and set(chunked.map(lambda i: i["max_num_batched_tokens"])) == {64}
+    assert len(chunked) == len(by["cold"]) + len(by["warm"])
+    assert set(chunked.map(lambda i: i["max_num_batched_tokens"])) == {64}
+    assert 64 not in set(info[ok.prefill_chunk != "64"].map(lambda i: i.get("max_num_batched_tokens")))
     refused = rows[rows.kv_cache_dtype == "q8_0"]
     assert set(refused.status) == {"unsupported"} and "fp8" in refused.error.iloc[0]
