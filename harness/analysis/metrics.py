@@ -95,7 +95,7 @@ def per_value(column: pd.Series, fn: Callable[[Any], Any], missing: Any = None) 
     values = np.empty(len(uniques) + 1, dtype=object)
     values[:-1] = [fn(u) for u in uniques]
     values[-1] = missing
-    return pd.Series(values[codes], index=column.index, dtype=object)
+    return pd.Series(values[codes], index=column.index, dtype=object, copy=False)
 
 
 def pair_lookup(left: pd.Series, right: pd.Series, found: dict[tuple[Any, Any], Any]) -> np.ndarray:

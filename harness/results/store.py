@@ -252,7 +252,7 @@ def _shared_strings(frame: "pd.DataFrame", keep: Iterable[str] = ()) -> "pd.Data
         column = frame[name]
         if isinstance(column.dtype, pd.CategoricalDtype) and name not in keep:
             values = np.append(np.asarray(column.cat.categories, dtype=object), None)
-            frame[name] = pd.Series(values[column.cat.codes.to_numpy()], index=frame.index, dtype=object)
+            frame[name] = pd.Series(values[column.cat.codes.to_numpy()], index=frame.index, dtype=object, copy=False)
     return frame
 
 
