@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Acceptance run on a GPU node: harness doctor, then the small versions of the source experiments
-# (configs/cluster/acceptance.yaml), the CI gate on what the sources found, and the HTML report.
+# (configs/cluster/acceptance.yaml), the CI gate on what the sources found, vLLM's forced-decode
+# replay of the batch-8 runs (GPU only), and the HTML report.
 # Without a GPU it says so and runs the CPU subset (configs/acceptance-cpu.yaml).
 #
 #   scripts/gpu_acceptance.sh [RESULTS_ROOT]        results go to RESULTS_ROOT/acceptance-<GPU or cpu>
@@ -38,6 +39,12 @@ fi
 run_rc=$?
 "${harness[@]}" check "$out" --junit "$out/junit.xml"
 check_rc=$?
+if [ -n "$gpu" ] && [ "${ENGINES:-vllm}" = vllm ]; then
+    # forced-decode replay on the GPU (vLLM's forcing logits processor): the batch-8 runs, each in its
+    # own batch; no step should split, and the deltas say how far a replay moves the log-probabilities
+    "${harness[@]}" replay "$out" --where engine=vllm --where batch_size=8 \
+        || echo "replay: vLLM's forced decoding failed on this GPU (above)"
+fi
 "${harness[@]}" report "$out"
 echo "another GPU type: run this script on its node, then: harness compare $out $root/acceptance-<other GPU>"
 [ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ]
