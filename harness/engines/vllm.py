@@ -369,12 +369,13 @@ class VllmEngine(Engine):
     def _forced(self, outputs: list[Any], target: int, result: Any, force: list[int], wall: float,
                 inputs: list[dict[str, Any]]) -> BatchOutput:
         """A forced target's output, refused unless vLLM emitted exactly the forced tokens (a
-        processor not applied would otherwise pass its own output off as the replay)."""
+        processor not applied would otherwise pass vLLM's own output off as the replay)."""
         ids = list(result.token_ids)
         if ids != force:
             split = next((i for i, (a, b) in enumerate(zip(ids, force)) if a != b), min(len(ids), len(force)))
-            raise RuntimeError(f"vLLM did not follow the forced tokens (from step {split} of {len(force)}): "
-                               "the forcing logits processor was not applied")
+            raise RuntimeError(f"vLLM did not emit the forced tokens ({len(ids)} tokens, the first other one at step "
+                               f"{split} of {len(force)}: a context limit, or the forcing logits processor not "
+                               "applied); this replay is not recorded")
         chosen, margins = _step_stats(result.logprobs or [], ids)
         argmax = [next((t for t, lp in step.items() if lp.rank == 1), -1) for step in (result.logprobs or [])]
         sequence = SequenceOutput(ids, self.tokenizer.decode(ids), str(result.finish_reason), chosen, margins,
