@@ -151,6 +151,6 @@ def test_a_server_that_draws_its_seed_at_boot_agrees_within_a_boot_and_not_acros
     expected = _by_hand(rows)
     assert _totals(analysis) == expected
     assert expected["same"] == (2, 0)  # repeat 1 of each prompt: the boot's seed held
-    assert expected["cross"][0] == 4 and expected["cross"][1] >= 3  # other boot, other seed: 24 sampled tokens part
+    assert expected["cross"][0] == 4 and expected["cross"][1] >= 1  # other boot, other seed: some part (2 to 4 of 4 seen; random seeds can agree)
     shown = run_harness("summarize", str(store.root)).stdout
     assert "same boot as the reference run 2/2 identical" in shown
