@@ -9,8 +9,10 @@ The sampling is the real server's; only the seed is lost on the way, so each req
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,8 +22,20 @@ from typing import Callable
 
 def relay(port: int, upstream: str, server_args: list[str], rewrite: Callable[[dict], dict]) -> None:
     """Start the real server (`server_args`), and serve `port` by forwarding every request to
-    `upstream`, each POST body passed through `rewrite` on the way, until killed."""
+    `upstream`, each POST body passed through `rewrite` on the way, until killed. When the real
+    server ends, this process ends the same way (killed by the same signal, or with its exit code),
+    as the binary it stands in for would: a stand-in that outlived a server killed by SIGILL would
+    turn a crash into a hang (the harness's AMX probe reads how the binary died)."""
     server = subprocess.Popen(server_args)
+
+    def mirror() -> None:
+        code = server.wait()
+        if code < 0:  # SIGILL, SIGSEGV, SIGTERM, SIGKILL: Python leaves them at their default action
+            os.kill(os.getpid(), -code)
+            time.sleep(1)
+        os._exit(code if code >= 0 else 128 - code)
+
+    threading.Thread(target=mirror, daemon=True).start()
 
     class Forward(BaseHTTPRequestHandler):
         def _relay(self, body: bytes | None) -> None:

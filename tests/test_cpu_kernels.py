@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.core import process_end
 from harness.engines.parts import cpu_kernels
 
 from .conftest import row_for, run_harness, synthetic_folder
@@ -60,6 +61,13 @@ def test_auto_turns_the_extra_buffers_off_only_when_they_crash_and_off_runs(tmp_
     assert both.use_extra and "failed too" in both.said
     fine = cpu_kernels.choose("auto", True, _stand_in_probe(0, 0, []), tmp_path, "k4", said.append)
     assert fine.use_extra and fine.warning == ""
+    # a site's wrapper script that runs llama-server without `exec` turns SIGILL into exit code 132
+    shell = cpu_kernels.choose("auto", True, _stand_in_probe(128 + signal.SIGILL, 0, []), tmp_path, "k5", said.append)
+    assert shell.said == "off (auto: AMX kernels crashed on this CPU: illegal instruction)"
+    assert process_end.how_it_ended(128 + signal.SIGSEGV) == "SIGSEGV (exit code 139, through a shell)"
+    assert process_end.how_it_ended(1) == "exit code 1" and cpu_kernels.how_it_ended(-signal.SIGBUS) == "SIGBUS"
+    # an ordinary exit code above 128 with no such signal stays an exit code
+    assert process_end.died_of(128 + 200) is None
 
 
 CRASHING_ENGINE = '''

@@ -139,7 +139,7 @@ def test_a_server_that_draws_its_seed_at_boot_agrees_within_a_boot_and_not_acros
     binary = _boot_seed_binary(tmp_path)
     text = ("name: seeded-at-boot\nprompts: prompts.yaml\nrepeats: 4\nboots: 2\nmax_tokens: 24\n"
             "matrix: {model: [smollm2-135m], engine: [llama-server], batch_size: [1], temperature: [1.0], seed: [7]}\n"
-            f"engine_options: {{llama-server: {{binary: '{binary}', n_threads: 2}}}}\n")
+            f"engine_options: {{llama-server: {{binary: '{binary}', n_threads: 2, startup_timeout_s: 60}}}}\n")
     store = run_experiment(tmp_path, text, group_timeout_s=600)
     rows = store.read_rows()
     assert (rows.status == "ok").all(), rows.error.unique()

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from harness.models import catalog as models
 from harness.engines.parts.chat_template import ChatTemplate
+from harness.core.process_end import how_it_ended
 from harness.engines.parts import cpu_kernels
 from harness.engines.parts.child_probe import probe_in_child
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
@@ -224,8 +225,7 @@ class LlamaCppEngine(Engine):
                                                lambda _: None)
         code = cpu_kernels.probed(models.cache_dir(), key, choice.use_extra, probe, lambda _: None)[0]
         if code != 0:
-            died = cpu_kernels.signal_name(code) if code < 0 else f"exit code {code}"
-            return Finding(what, f"a probe batch crashed ({died}) with extra_bufts {choice.said}", False,
+            return Finding(what, f"a probe batch crashed ({how_it_ended(code)}) with extra_bufts {choice.said}", False,
                            "set engine_options.llamacpp.extra_bufts: off, or build llama-cpp-python with "
                            'CMAKE_ARGS="-DGGML_NATIVE=OFF"')
         return Finding(what, f"decoded a probe batch of 2 here; extra_bufts {choice.said}; CPU kernels: "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.core.log import Log
+from harness.core.process_end import died_of, how_it_ended
 
 #: the signals a kernel that does not suit the CPU dies of
 CRASH_SIGNALS = (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE)
@@ -65,13 +66,6 @@ class Choice:
     use_extra: bool
     said: str  # e.g. "on", "off", "off (auto: AMX kernels crashed on this CPU: SIGILL)"
     warning: str = ""  # one line for the user when auto had to turn them off
-
-
-def signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 def cpu_reports_amx() -> bool:
@@ -143,9 +137,9 @@ def choose(option: str, amx: bool, probe: Probe, cache: Path, key: str, log: Log
     if on == 0:
         return Choice(True, "on (auto: the AMX kernels ran a probe batch on this CPU)")
     off = probed(cache, key, False, probe, log)[0]
-    died = signal_name(on) if on < 0 else f"exit code {on}"
-    if off == 0 and on < 0 and -on in CRASH_SIGNALS:
-        why = {"SIGILL": "illegal instruction", "SIGSEGV": "segmentation fault"}.get(died, died)
+    died, number = how_it_ended(on), died_of(on)
+    if off == 0 and number in CRASH_SIGNALS:
+        why = {signal.SIGILL: "illegal instruction", signal.SIGSEGV: "segmentation fault"}.get(number, died)
         said = f"off (auto: AMX kernels crashed on this CPU: {why})"
         return Choice(False, said, f"warning: llama.cpp's extra buffer types are off for this load: {said[5:-1]}; "
                                    "rows record extra_bufts off (set the engine option extra_bufts to choose)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.core.process_end import died_of, how_it_ended
 from harness.core.redaction import REDACTED, redact_url, scrub, secret_values
 
 #: Set by the runner for each worker: where server engines put their servers' logs.
@@ -153,15 +154,12 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
 
 def _how(code: int) -> str:
     """How a process ended, a crash by signal named with what to try."""
-    if code >= 0:
+    number = died_of(code)
+    if number is None:
         return f"with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        return f"killed by signal {-code}"
     hint = ("; a llama.cpp server may be running kernels this CPU cannot (AMX, repacked weights): try --no-repack"
-            if name in ("SIGILL", "SIGSEGV", "SIGBUS") else "")
-    return f"killed by signal {name}{hint}"
+            if number in (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS) else "")
+    return f"killed by signal {how_it_ended(code)}{hint}"
 
 
 class ManagedServer:
