@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import time
 
 from rich.console import Console
@@ -24,11 +26,11 @@ def test_plain_reporter_heartbeat_and_eta():
 
 
 def test_a_spare_worker_released_unused_ends_at_once_and_a_taken_one_is_taken_once():
-    """The spare worker `harness run` starts before it reads the experiment (harness.run.launch.SpareWorker):
+    """The spare worker `harness run` starts before it reads the experiment (harness.run.spare.SpareWorker):
     released unused, it exits 0 on its own; taken, it is handed out once."""
     import time
 
-    from harness.run.launch import SpareWorker
+    from harness.run.spare import SpareWorker
 
     spare = SpareWorker()
     proc = spare.proc
@@ -41,3 +43,14 @@ def test_a_spare_worker_released_unused_ends_at_once_and_a_taken_one_is_taken_on
         taken[0].stdin.close()  # no work after all: it ends
         assert taken[0].wait(timeout=10) == 0
         os.close(taken[1])
+
+
+def test_a_spare_prepares_pandas_and_the_engine_modules_but_no_engine_library():
+    """What a spare imports before its work order (the engine libraries must wait for the group's
+    environment: VLLM_BATCH_INVARIANT, CUDA_VISIBLE_DEVICES are read when they are imported)."""
+    code = ("import importlib, sys\nfrom harness.run.worker import _spare_imports\n"
+            "[importlib.import_module(m) for m in _spare_imports()]\n"
+            "print(' '.join(sorted(m for m in sys.modules if '.' not in m)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert {"pandas", "pyarrow", "pydantic"} <= loaded
+    assert not loaded & {"llama_cpp", "vllm", "torch", "openai", "transformers"}, loaded & {"llama_cpp", "vllm", "torch"}

@@ -82,7 +82,7 @@ def run(
     skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
     """
     from harness.report.progress import MODES
-    from harness.run.launch import SpareWorker
+    from harness.run.spare import SpareWorker
 
     allowed("--progress", progress, MODES)
     with SpareWorker() as spare:  # its start overlaps the reading of the experiment
@@ -93,7 +93,7 @@ def run(
 def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str], cells: Optional[str],
          where: list[str], reference: list[str], reference_run: str, summary: bool, timeout: Optional[float],
          checkpoint_every: float, progress: str, spare: Any) -> None:
-    """The body of `run`, with a spare worker (harness.run.launch.SpareWorker) for the first engine load."""
+    """The body of `run`, with a spare worker (harness.run.spare.SpareWorker) for the first engine load."""
     from harness.analysis.reference_rules import refuse_reference
     from harness.experiment.matrix import expand, group, refuse_ignored
     from harness.experiment.selection import Selection, apply, parse_shard

@@ -33,15 +33,19 @@ def _engine_of(module_name: str, where: str) -> type[Engine]:
     return cls
 
 
+def builtin_modules() -> list[str]:
+    """The modules of this package that may define an engine (plugins come from entry points)."""
+    package = importlib.import_module(__package__)
+    return [f"{__package__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
+            if not (info.ispkg or info.name.startswith("_") or info.name in _NOT_ENGINES)]
+
+
 @cache
 def _engines() -> dict[str, type[Engine]]:
     """Every engine by name: built-in ones, then plugins (which may not take a built-in's name)."""
     found: dict[str, type[Engine]] = {}
-    package = importlib.import_module(__package__)
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.ispkg or info.name.startswith("_") or info.name in _NOT_ENGINES:
-            continue
-        module = importlib.import_module(f"{__package__}.{info.name}")
+    for name in builtin_modules():
+        module = importlib.import_module(name)
         cls = getattr(module, "ENGINE", None)
         if isinstance(cls, type) and issubclass(cls, Engine):
             found[cls.name] = cls

@@ -14,7 +14,6 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from harness.engines.registry import engine_class
 from harness.run.environments import is_foreign, worker_env
+from harness.run.spare import SpareWorker, kill_group
 from harness.run.worker import WorkOrder
 
 LOG_TAIL_LINES = 15
@@ -41,54 +41,6 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-LOG_TAIL_LINES:])
-
-
-class SpareWorker:
-    """A worker process started before there is work for it, so that its interpreter start and the
-    harness's imports (pydantic, pyarrow, numpy: about half a second) overlap the parent's reading of
-    the experiment. It imports no engine library and sets the group's environment itself when its
-    work order comes, before the engine loads; unused, it ends when released. Take it once (`take`)."""
-
-    def __init__(self) -> None:
-        #: set when a load takes the spare: from then on the parent only waits, and may import meanwhile
-        self.taken = threading.Event()
-        self.read_fd, self.write_fd = os.pipe()
-        self.proc: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "harness.run.worker", "--spare", str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(self.write_fd,), start_new_session=True,
-        )
-        os.close(self.write_fd)  # the worker holds the only write end: its exit is the pipe's end
-
-    def take(self) -> tuple[subprocess.Popen, int, int] | None:
-        """(the process, the pipe's read end here, its write end's number there), once; None after."""
-        proc, self.proc = self.proc, None
-        self.taken.set()
-        if proc is None:
-            return None
-        if proc.poll() is not None:  # it died before any work (its cause is the fresh worker's to show)
-            os.close(self.read_fd)
-            return None
-        return proc, self.read_fd, self.write_fd
-
-    def release(self) -> None:
-        """End the spare if it was not taken: its stdin closes, and it exits."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        try:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            _kill(proc)
-        os.close(self.read_fd)
-
-    def __enter__(self) -> SpareWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: float | None,
@@ -142,10 +94,10 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
                 for line in lines:
                     _relay(line, reporter)
     except BaseException:
-        _kill(proc)
+        kill_group(proc)
         raise
     if timed_out:
-        _kill(proc)
+        kill_group(proc)
         return Outcome(proc.returncode, f"timed out after {timeout_s:.0f} s\n{_tail(log_path)}")
     code = proc.wait()
     if code == 0:
@@ -169,11 +121,3 @@ def _relay(line: bytes, reporter: Any) -> None:
         reporter.cell_done(str(event["cell"]), str(event.get("status", "")))
     if "log" in event:
         reporter.log(str(event["log"]))
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()

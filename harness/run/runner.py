@@ -16,7 +16,8 @@ from harness.experiment.config import LoadedExperiment
 from harness.engines.registry import engine_class
 from harness.run import environments
 from harness.run.enforced import device_environment
-from harness.run.launch import SpareWorker, launch
+from harness.run.launch import launch
+from harness.run.spare import SpareWorker
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
 from harness.core.redaction import redact_text, scrub
 from harness.results.folder import ResultsFolder

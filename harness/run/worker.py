@@ -7,6 +7,7 @@ to the parent as JSON lines. It ends itself, with everything it started, when th
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
@@ -507,14 +508,24 @@ def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Th
     return thread
 
 
+def _spare_imports() -> list[str]:
+    """What a spare imports before its work order, most needed first: pyarrow, pydantic and numpy (the
+    folder and its rows), the built-in engine modules (not their libraries, which must see the group's
+    environment; nor plugins, which may import theirs), and pandas, which pyarrow imports to turn the
+    cell's rows into a table after the last batch."""
+    from harness.engines.registry import builtin_modules
+
+    return ["harness.results.folder", "harness.results.rows", *builtin_modules(), "pandas"]
+
+
 def _as_spare(parent_pid: int) -> WorkOrder | None:
-    """A spare worker (harness.run.launch.SpareWorker): import what every worker needs while the parent
-    reads the experiment, then wait for the work order (None: released unused). The group's
+    """A spare worker (harness.run.spare.SpareWorker): import what every worker needs while the parent
+    reads the experiment, and wait for the work order (None: released unused). The group's
     environment and log come with it and are set here, before any engine library is imported."""
     watch_parent(parent_pid)
-    import harness.results.folder  # noqa: F401 - pyarrow, pydantic, numpy: the imports this start saves
-    import harness.results.rows  # noqa: F401 - and numpy
-
+    # in a thread, so that an order that comes before the last import waits for none of them (the
+    # engine's load runs meanwhile; an import this thread has begun is finished, not repeated)
+    threading.Thread(target=lambda: [importlib.import_module(m) for m in _spare_imports()], daemon=True).start()
     try:
         env, order = pickle.load(sys.stdin.buffer)
     except EOFError:

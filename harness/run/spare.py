@@ -1,0 +1,74 @@
+"""A worker process started before there is work for it, imported before anything heavy.
+
+`harness run` starts it first thing, so its interpreter start and imports run on the other core
+while the parent imports pydantic and pyarrow and reads the experiment. This module imports only
+the standard library, so that the spare starts a tenth of a second sooner than it would if it came
+with the launcher (harness.run.launch).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+
+class SpareWorker:
+    """A worker process started before there is work for it, so that its interpreter start and the
+    harness's imports (pydantic, pyarrow, numpy, the engine modules, pandas: about half a second; see
+    harness.run.worker) overlap the parent's reading of the experiment. It imports no engine library
+    and sets the group's environment itself when its work order comes, before the engine loads;
+    unused, it ends when released. Take it once (`take`)."""
+
+    def __init__(self) -> None:
+        #: set when a load takes the spare: from then on the parent only waits, and may import meanwhile
+        self.taken = threading.Event()
+        self.read_fd, self.write_fd = os.pipe()
+        self.proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", "harness.run.worker", "--spare", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(self.write_fd,), start_new_session=True,
+        )
+        os.close(self.write_fd)  # the worker holds the only write end: its exit is the pipe's end
+
+    def take(self) -> tuple[subprocess.Popen, int, int] | None:
+        """(the process, the pipe's read end here, its write end's number there), once; None after."""
+        proc, self.proc = self.proc, None
+        self.taken.set()
+        if proc is None:
+            return None
+        if proc.poll() is not None:  # it died before any work (its cause is the fresh worker's to show)
+            os.close(self.read_fd)
+            return None
+        return proc, self.read_fd, self.write_fd
+
+    def release(self) -> None:
+        """End the spare if it was not taken: its stdin closes, and it exits."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            kill_group(proc)
+        os.close(self.read_fd)
+
+    def __enter__(self) -> SpareWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a worker's whole process group (it and what it started) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
