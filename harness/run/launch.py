@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import selectors
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.process_end import signal_word
 from harness.engines.registry import engine_class
 from harness.run.environments import is_foreign, worker_env
 from harness.run.spare import SpareWorker, kill_group
@@ -103,7 +103,7 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
     if code == 0:
         return Outcome(code, "")
     if code < 0:  # a crash in native code: name the signal and what the engine says to try
-        name = signal.Signals(-code).name
+        name = signal_word(-code)
         hint = engine_class(order.group.spec.engine).crash_hint(order.group.spec, name)
         return Outcome(code, f"engine worker ({order.group.spec.engine}) killed by signal {name}"
                              f"{'; ' + hint if hint else ''}\n{_tail(log_path)}".strip())
