@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import replace
 import sys
 from pathlib import Path
@@ -100,6 +101,24 @@ def test_the_control_gives_no_false_verdict_on_a_low_entropy_prompt():
     assert caught / 200 > 0.95
 
 
+def test_a_seed_ignored_on_a_low_entropy_prompt_is_caught_at_batch_1():
+    """A server that drops the seed, on a five-in-six prompt: its first two draws agree 72% of the time,
+    which the control once took for a seed that holds (and called the cell honoured). The same seed
+    asked 24 times on a prompt where seeds matter catches it in all but about 1.3% of cells."""
+    unseeded = random.Random(3)
+
+    def seedless(texts, target, s, members):
+        outs = [SequenceOutput([1, 2] if s.temperature == 0 or unseeded.random() < 5 / 6 else [1, 3], t, "length")
+                for t in texts]
+        return BatchOutput(outs[target], 1, None, None, 0.0, 0.0, len(texts), members=outs if members else [])
+
+    verdicts = [seed_control.check(seedless, ["a", "b"], replace(SAMPLING, seed=k), 1) for k in range(300)]
+    assert sum(v.state == "ignored" for v in verdicts) / len(verdicts) > 0.95
+    assert any("24 times at batch 1" in v.text for v in verdicts)  # the pairs that agreed by chance
+    honest = _low_entropy()
+    assert not any(seed_control.check(honest, ["a", "b"], replace(SAMPLING, seed=k), 1).fails for k in range(300))
+
+
 def test_seed_control_on_a_greedy_matrix_is_refused_with_file_and_line(write):
     write("prompts.yaml", PROMPTS)
     path = write("exp.yaml", """
@@ -157,6 +176,7 @@ def test_a_server_that_ignores_the_seed_is_reported_not_measured(tmp_path):
     Runner(load_experiment(tmp_path / "exp.yaml"), ResultsFolder(store.root), group_timeout_s=600).run()
     rows = store.read_rows()
     assert len(rows) == 2 * 2 * 2 and (rows.status == "unsupported").all(), rows.error.unique()
-    assert all(e.startswith("asked seed 0 at temperature 1.0; openai: seed 0 twice at batch 1 gave two outputs")
+    # the same seed twice, or (where that pair agreed by chance) 24 times, gave several outputs alone
+    assert all(re.match(r"asked seed 0 at temperature 1\.0; openai: seed 0 (twice|24 times) at batch 1 gave", e)
                for e in rows.error), rows.error.unique()
     assert all(c.startswith("ignored: ") for c in rows.seed_check)

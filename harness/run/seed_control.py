@@ -4,8 +4,9 @@ Sampled runs can only be compared if the seed fixes the sampling. Engines and se
 some ignore `seed` (SGLang's OpenAI endpoints, sglang #15481), some broadcast one seed over a
 whole batch (vLLM #50440: every prompt of a batch got the same noise). Either way differences
 would be measured as non-determinism when they are the seed's doing. The control runs the cell's
-first prompts a few times before the cell: the same seed twice must agree, different seeds must not all agree,
-alone and among batch-mates. A seed that fails is reported as such (the cell is 'unsupported'
+first prompts a few times before the cell: the same seed must agree with itself (twice, then 24
+times on a prompt where seeds matter), different seeds must not all agree, alone and among
+batch-mates. A seed that fails is reported as such (the cell is 'unsupported'
 with the reason), never measured.
 
 "Shared" is declared only on evidence chance cannot give: batch-mates whose own seeds were shown,
@@ -81,6 +82,18 @@ def _seed_matters(generate: Generate, texts: list[str], alone: Sampling) -> str 
     return None
 
 
+def _same_seed_outputs(generate: Generate, text: str, alone: Sampling) -> int:
+    """Distinct outputs of the same seed asked SEEDS_TRIED times on `text` (stops at the second one).
+    Two unseeded draws agree by chance as often as a prompt is predictable (on a five-in-six prompt,
+    72% of the time); all 24 agree 1.3% of the time."""
+    seen: set[tuple[int, ...]] = set()
+    for _ in range(SEEDS_TRIED):
+        seen.add(_ids(generate([text], 0, alone, False)))
+        if len(seen) > 1:
+            break
+    return len(seen)
+
+
 def _mates_alone(generate: Generate, text: str, batch: Sampling, mates: int) -> list[tuple[int, ...]]:
     """Each member's output alone, under the seed it gets in a batch of `mates` copies (`batch`'s target
     seed at position 0, the fillers' derived seeds after it)."""
@@ -121,6 +134,13 @@ def check(generate: Generate, texts: list[str], sampling: Sampling, batch_size: 
         return SeedCheck("ignored", f"{SEEDS_TRIED} different seeds gave one output at batch 1 on each of {tried} "
                                     f"prompt(s): the seed has no effect (or temperature {sampling.temperature} "
                                     f"leaves nothing to chance over {sampling.max_tokens} tokens: raise it)")
+    repeated = _same_seed_outputs(generate, text, alone)
+    if repeated > 1:  # the first pair agreed by chance: on a low-entropy prompt an unseeded pair often does
+        if not _greedy_repeats(generate, text, sampling, 1):
+            return SeedCheck("unrepeatable", "batch 1 does not repeat itself even greedy; the seed cannot be checked")
+        return SeedCheck("ignored", f"seed {seed} {SEEDS_TRIED} times at batch 1 gave {repeated} outputs on a prompt "
+                                    "where other seeds change the output, while greedy decoding repeats: the seed "
+                                    "does not fix the sampling")
     mates = min(batch_size, MATES)
     if mates < 2:
         return SeedCheck(HONOURED, "")
