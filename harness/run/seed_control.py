@@ -118,16 +118,21 @@ def _shared_seed(generate: Generate, text: str, alone: Sampling, mates: int) -> 
     return None
 
 
+def _unfixed_alone(generate: Generate, text: str, sampling: Sampling, seen: str) -> SeedCheck:
+    """The verdict when one seed gave several outputs alone (`seen` says how): ignored, unless greedy
+    decoding does not repeat either, when nothing can be blamed on the seed."""
+    if not _greedy_repeats(generate, text, sampling, 1):
+        return SeedCheck("unrepeatable", "batch 1 does not repeat itself even greedy; the seed cannot be checked")
+    return SeedCheck("ignored", f"{seen} while greedy decoding repeats: the seed does not fix the sampling")
+
+
 def check(generate: Generate, texts: list[str], sampling: Sampling, batch_size: int) -> SeedCheck:
     """Run the control on the cell's prompts with its sampling; `batch_size` > 1 adds batch-mates."""
     seed = sampling.seed
     alone = replace(sampling, copies=False, unseeded_fillers=False)
     first, again = (_ids(generate([texts[0]], 0, alone, False)) for _ in range(2))
     if first != again:
-        if not _greedy_repeats(generate, texts[0], sampling, 1):
-            return SeedCheck("unrepeatable", "batch 1 does not repeat itself even greedy; the seed cannot be checked")
-        return SeedCheck("ignored", f"seed {seed} twice at batch 1 gave two outputs while greedy decoding repeats: "
-                                    "the seed does not fix the sampling")
+        return _unfixed_alone(generate, texts[0], sampling, f"seed {seed} twice at batch 1 gave two outputs")
     text = _seed_matters(generate, texts, alone)
     if text is None:
         tried = min(len(texts), PROMPTS_TRIED)
@@ -136,11 +141,8 @@ def check(generate: Generate, texts: list[str], sampling: Sampling, batch_size: 
                                     f"leaves nothing to chance over {sampling.max_tokens} tokens: raise it)")
     repeated = _same_seed_outputs(generate, text, alone)
     if repeated > 1:  # the first pair agreed by chance: on a low-entropy prompt an unseeded pair often does
-        if not _greedy_repeats(generate, text, sampling, 1):
-            return SeedCheck("unrepeatable", "batch 1 does not repeat itself even greedy; the seed cannot be checked")
-        return SeedCheck("ignored", f"seed {seed} {SEEDS_TRIED} times at batch 1 gave {repeated} outputs on a prompt "
-                                    "where other seeds change the output, while greedy decoding repeats: the seed "
-                                    "does not fix the sampling")
+        return _unfixed_alone(generate, text, sampling, f"seed {seed} {SEEDS_TRIED} times at batch 1 gave {repeated} "
+                                                        "outputs on a prompt where other seeds change the output")
     mates = min(batch_size, MATES)
     if mates < 2:
         return SeedCheck(HONOURED, "")

@@ -518,6 +518,11 @@ def _spare_imports() -> list[str]:
     return ["harness.results.folder", "harness.results.rows", *builtin_modules(), "pandas"]
 
 
+def _prepare() -> None:
+    for module in _spare_imports():
+        importlib.import_module(module)
+
+
 def _as_spare(parent_pid: int) -> WorkOrder | None:
     """A spare worker (harness.run.spare.SpareWorker): import what every worker needs while the parent
     reads the experiment, and wait for the work order (None: released unused). The group's
@@ -525,7 +530,7 @@ def _as_spare(parent_pid: int) -> WorkOrder | None:
     watch_parent(parent_pid)
     # in a thread, so that an order that comes before the last import waits for none of them (the
     # engine's load runs meanwhile; an import this thread has begun is finished, not repeated)
-    threading.Thread(target=lambda: [importlib.import_module(m) for m in _spare_imports()], daemon=True).start()
+    threading.Thread(target=_prepare, daemon=True).start()
     try:
         env, order = pickle.load(sys.stdin.buffer)
     except EOFError:
