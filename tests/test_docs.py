@@ -81,11 +81,11 @@ RECIPES = _examples("harness ", "bash")
 def test_a_recipe_parses_and_its_experiment_loads(page, line):
     import typer
 
-    from harness.cli import app
+    from harness.cli import application
     from harness.experiment.config import load_experiment
 
     args = _recipe_args(line)
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(application())
     ctx = command.context_class(command, info_name="harness")
     while hasattr(command, "get_command") and args:  # a group: descend to the subcommand
         command = command.get_command(ctx, args[0])

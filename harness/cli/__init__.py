@@ -12,25 +12,35 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-import typer
-from rich.console import Console
-from rich.markup import escape
 
-# imported in the order `harness --help` lists their commands: the pipeline's
-from harness.cli import running  # noqa: F401, I001 - registers plan, run, submit
-from harness.cli import statistics  # noqa: F401 - summarize, rescore, compare, check
-from harness.cli import replaying  # noqa: F401 - replay
-from harness.cli import figures  # noqa: F401 - report, plot
-from harness.cli import folders  # noqa: F401 - status, merge
-from harness.cli import machine  # noqa: F401 - doctor, models
-from harness.cli.common import app
-from harness.core.errors import HarnessError, describe_os_error
+def application() -> Any:
+    """The Typer app, every command registered. Imported when first asked for, not with this package:
+    `harness run` starts its spare worker (harness.run.spare) before typer, rich and the commands load."""
+    # imported in the order `harness --help` lists their commands: the pipeline's
+    from harness.cli import running  # noqa: F401, I001 - registers plan, run, submit
+    from harness.cli import statistics  # noqa: F401 - summarize, rescore, compare, check
+    from harness.cli import replaying  # noqa: F401 - replay
+    from harness.cli import figures  # noqa: F401 - report, plot
+    from harness.cli import folders  # noqa: F401 - status, merge
+    from harness.cli import machine  # noqa: F401 - doctor, models
+    from harness.cli.common import app
+
+    return app
 
 
-def main(argv: Optional[list[str]] = None) -> Any:
-    """Entry point: user errors print one clear message and exit 1 (2 for bad input)."""
+def main(argv: Optional[list[str]] = None, spare: Any = None) -> Any:
+    """Entry point: user errors print one clear message and exit 1 (2 for bad input). `spare`: a
+    worker already started for `run` (the commands find it as their context's obj)."""
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+
+    from harness.core.errors import HarnessError, describe_os_error
+
+    app = application()
     try:
-        code = app(args=argv, standalone_mode=False)  # without standalone mode, Exit(n) returns n
+        # without standalone mode, Exit(n) returns n
+        code = app(args=argv, standalone_mode=False, obj=spare)
         if isinstance(code, int) and code:
             sys.exit(code)
         return None
@@ -60,13 +70,20 @@ def entry() -> None:
     file a command writes is closed by then; only the standard streams are flushed here."""
     import os
 
+    from harness.run.spare import SpareWorker
+
+    # `harness run`: its worker starts now, its interpreter and imports overlapping this one's
+    spare = SpareWorker() if sys.argv[1:2] == ["run"] else None
     try:
-        main()
+        main(spare=spare)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
+    finally:
+        if spare is not None:  # run releases it itself; this is for `run --help`, a bad option, a crash
+            spare.release()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

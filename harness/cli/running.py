@@ -47,9 +47,10 @@ def plan(
 def _experiment_or_folder(path: Path) -> Any:
     """An experiment file, or a results folder whose manifest holds one (array tasks use this)."""
     from harness.experiment.config import load_experiment
-    from harness.results.folder import ResultsFolder
 
     if path.is_dir():
+        from harness.results.folder import ResultsFolder  # (pyarrow: only for a folder)
+
         folder = ResultsFolder(path)
         if not folder.has_manifest():
             raise HarnessError(f"{path}: a folder without a results manifest; give an experiment YAML file")
@@ -59,6 +60,7 @@ def _experiment_or_folder(path: Path) -> Any:
 
 @command()
 def run(
+    ctx: typer.Context,
     experiment: Path = typer.Argument(..., help="Experiment YAML file, or a results folder (runs the experiment it holds)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder (default: results/<name>)."),
     force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
@@ -91,7 +93,8 @@ def run(
     from harness.run.spare import SpareWorker
 
     allowed("--progress", progress, MODES)
-    with SpareWorker() as spare:  # its start overlaps the reading of the experiment
+    started = ctx.obj if isinstance(ctx.obj, SpareWorker) else None  # by the `harness` command (harness.cli.entry)
+    with started or SpareWorker() as spare:  # its start overlaps the reading of the experiment
         _run(experiment, out, force, shard, cells, where, reference, reference_run, summary, timeout,
              checkpoint_every, progress, spare)
 
@@ -105,8 +108,7 @@ def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str
     from harness.experiment.selection import Selection, apply, parse_shard
     from harness.experiment.settings_args import parse_settings
     from harness.report.progress import reporter_for
-    from harness.results.folder import ResultsFolder
-    from harness.run.runner import Runner
+    from harness.run.ahead import first_load
 
     loaded = _experiment_or_folder(experiment)
     selection = Selection(
@@ -118,10 +120,16 @@ def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str
     refuse_reference(reference, reference_run, loaded.option_axes)
     all_cells = expand(loaded)
     refuse_ignored(loaded, all_cells)
-    apply(group(all_cells), selection)
+    chosen = apply(group(all_cells), selection)
     out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
+    ahead = first_load(loaded, chosen, out)
+    if ahead is not None:  # the spare loads it while this process imports pyarrow and adopts the experiment
+        spare.ahead(ahead, ahead.key)
+    from harness.results.folder import ResultsFolder
+    from harness.run.runner import Runner
+
     folder = ResultsFolder(out)
     if summary:  # the summary's libraries (pandas) load once the engine worker runs, not after it (nor before:
         # an import holds the interpreter, and the main thread has the experiment to read and the worker to start)

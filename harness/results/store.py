@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import harness
-from harness.results import provenance_fields
+from harness.results import layout, provenance_fields
 from harness.experiment.axes import AXES_DECLARED
 from harness.core.errors import HarnessError
 
@@ -299,11 +299,11 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.cells_dir = self.root / "cells"
-        self.partial_dir = self.root / "partial"
+        self.cells_dir = self.root / layout.CELLS
+        self.partial_dir = self.root / layout.PARTIAL
 
     def cell_path(self, cell_id: str) -> Path:
-        return self.cells_dir / f"{cell_id}.parquet"
+        return layout.cell_file(self.root, cell_id)
 
     def statuses(self, cell_id: str) -> list[str]:
         """The status of each row of a cell; empty when the cell is absent or unreadable."""

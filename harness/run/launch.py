@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.core.process_end import signal_word
 from harness.engines.registry import engine_class
+from harness.run.ahead import launch_key
 from harness.run.environments import is_foreign, worker_env
 from harness.run.spare import SpareWorker, kill_group
 from harness.run.worker import WorkOrder
@@ -50,7 +51,9 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
     log_path = Path(order.log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     python = order.python or sys.executable
-    taken = spare.take() if spare is not None and not is_foreign(order.python) else None
+    if spare is not None and is_foreign(order.python):  # it runs this interpreter, not that one
+        spare.release()
+    taken = spare.take(launch_key(env, order.group.spec, order.log, order.loaded.base)) if spare is not None else None
     if taken is not None:
         proc, read_fd, child_fd = taken
     else:

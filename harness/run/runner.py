@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Protocol
 
-from harness.results import provenance
+from harness.results import layout, provenance
 from harness.experiment.config import LoadedExperiment
 from harness.engines.registry import engine_class
 from harness.run import environments
-from harness.run.enforced import device_environment
+from harness.run.ahead import group_environment
 from harness.run.launch import launch
 from harness.run.spare import SpareWorker
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
@@ -23,7 +23,6 @@ from harness.core.redaction import redact_text, scrub
 from harness.results.folder import ResultsFolder
 from harness.results.rows import RowMaker
 from harness.experiment.selection import Selection, apply
-from harness.engines.parts.server_process import LOG_DIR_ENV
 from harness.run.worker import WorkOrder, secrets_of
 
 
@@ -137,9 +136,8 @@ class Runner:
             self._land_all(cells, rows, status, reason)
             self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
             return
-        log_path = self.store.root / "logs" / f"{grp.id}.log"
-        pinned = device_environment(grp.spec.gpu, gpus, int(grp.spec.options.get("tensor_parallel_size") or 1))
-        env = cls.environment(grp.spec) | pinned | {LOG_DIR_ENV: str(log_path.parent.resolve())}
+        log_path = layout.group_log(self.store.root, grp.id)
+        env = group_environment(grp.spec, gpus, log_path)
         secrets = secrets_of(grp.spec.options)
         self.folder.secrets = self.folder.secrets | secrets  # the rows this run lands for the group
         causes = []

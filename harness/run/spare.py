@@ -9,6 +9,7 @@ with the launcher (harness.run.launch).
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,24 +21,45 @@ class SpareWorker:
     harness's imports (pydantic, pyarrow, numpy, the engine modules, pandas: about half a second; see
     harness.run.worker) overlap the parent's reading of the experiment. It imports no engine library
     and sets the group's environment itself when its work order comes, before the engine loads;
-    unused, it ends when released. Take it once (`take`)."""
+    unused, it ends when released. The parent may send it the first load ahead of the work order
+    (`ahead`, harness.run.ahead); then only a launch of that load may take it. Take it once (`take`)."""
 
     def __init__(self) -> None:
         #: set when a load takes the spare: from then on the parent only waits, and may import meanwhile
         self.taken = threading.Event()
+        #: what identifies the load sent ahead (None: none was)
+        self.ahead_key: object = None
         self.read_fd, self.write_fd = os.pipe()
         self.proc: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "harness.run.worker", "--spare", str(os.getpid())],
+            [sys.executable, "-m", "harness.run.worker", "--spare", str(os.getpid()), str(self.write_fd)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(self.write_fd,), start_new_session=True,
         )
         os.close(self.write_fd)  # the worker holds the only write end: its exit is the pipe's end
 
-    def take(self) -> tuple[subprocess.Popen, int, int] | None:
-        """(the process, the pipe's read end here, its write end's number there), once; None after."""
+    def ahead(self, message: object, key: object) -> None:
+        """Have the spare load an engine now, before its work order: `message` is what it loads
+        (harness.run.ahead.Ahead), `key` what a launch must match to take the spare."""
+        if self.proc is None or self.ahead_key is not None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(pickle.dumps(message))
+            self.proc.stdin.flush()
+        except OSError:  # it died; a fresh worker will show why
+            return
+        self.ahead_key = key
+
+    def take(self, key: object = None) -> tuple[subprocess.Popen, int, int] | None:
+        """(the process, the pipe's read end here, its write end's number there), once, for a launch
+        identified by `key`; None after, or where the spare loads another launch's engine (it is ended)."""
         proc, self.proc = self.proc, None
         self.taken.set()
         if proc is None:
+            return None
+        if self.ahead_key is not None and self.ahead_key != key:  # its environment is set: useless to others
+            kill_group(proc)
+            os.close(self.read_fd)
             return None
         if proc.poll() is not None:  # it died before any work (its cause is the fresh worker's to show)
             os.close(self.read_fd)
@@ -45,9 +67,14 @@ class SpareWorker:
         return proc, self.read_fd, self.write_fd
 
     def release(self) -> None:
-        """End the spare if it was not taken: its stdin closes, and it exits."""
+        """End the spare if it was not taken: its stdin closes, and it exits (killed at once where
+        it loads an engine, which may take minutes)."""
         proc, self.proc = self.proc, None
         if proc is None:
+            return
+        if self.ahead_key is not None:
+            kill_group(proc)
+            os.close(self.read_fd)
             return
         try:
             assert proc.stdin is not None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.engines.base import LoadSpec
 from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, Group
 
@@ -121,10 +122,46 @@ def root_causes(path: Path | None, since: int = 0, most: int = 3) -> list[str]:
     return found[-most:]
 
 
+def log_size(path: Path | None) -> int:
+    return path.stat().st_size if path and path.exists() else 0
+
+
+def explain(exc: BaseException, log: Path | None, since: int) -> str:
+    """The exception, plus the root causes the engine logged since byte `since` of the log."""
+    from harness.results.rows import describe_exception
+
+    causes = [c for c in root_causes(log, since) if c not in str(exc)]
+    return "; ".join([describe_exception(exc)] + causes)
+
+
+@dataclass
+class EngineLoad:
+    """One engine load's outcome: the engine, or the error it raised and what the log says of it."""
+
+    spec: LoadSpec
+    engine: Any = None
+    error: Exception | None = None
+    message: str = ""
+
+
+def load_engine(spec: LoadSpec, label: str, reporter: Any, base: Path, log: Path | None) -> EngineLoad:
+    """Load the group's engine, as the worker does once; an error is kept, for the cells to say."""
+    from harness.core.redaction import expand
+    from harness.engines.registry import engine_class
+
+    reporter.log(f"loading {label or f'{spec.engine} / {spec.model}'}")
+    since = log_size(log)
+    try:  # `${NAME}` in the options: filled in from this environment, here and nowhere else
+        filled = replace(spec, options=expand(spec.options, dict(os.environ), f"engine_options.{spec.engine}"))
+        return EngineLoad(spec, engine=engine_class(spec.engine)(filled, reporter.log, base))
+    except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
+        return EngineLoad(spec, error=exc, message=explain(exc, log, since))
+
+
 class GroupRunner:
     """Inside a worker: one engine load, then every cell of the group, each landed when done."""
 
-    def __init__(self, order: WorkOrder, reporter: Any) -> None:
+    def __init__(self, order: WorkOrder, reporter: Any, ahead: EngineLoad | None = None) -> None:
         from harness.results import provenance
         from harness.results.folder import ResultsFolder
         from harness.results.rows import RowMaker
@@ -135,6 +172,8 @@ class GroupRunner:
         self.folder = ResultsFolder(Path(order.out), secrets_of(order.group.spec.options))
         self.reporter = reporter
         self.log_path = Path(order.log) if order.log else None
+        #: the engine, loaded before the order came (harness.run.ahead); used where its spec is the group's
+        self.ahead = ahead
         # the parent's provenance, but the environment as this worker has it (the engine's variables set)
         prov = provenance.collect() if order.prov is None else order.prov | {"env": provenance.env_json()}
         if order.python:  # another environment: its own interpreter and libraries
@@ -179,14 +218,10 @@ class GroupRunner:
         return True
 
     def _log_size(self) -> int:
-        return self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+        return log_size(self.log_path)
 
     def _explain(self, exc: BaseException, since: int) -> str:
-        """The exception, plus the root causes the engine logged since byte `since` of the log."""
-        from harness.results.rows import describe_exception
-
-        causes = [c for c in root_causes(self.log_path, since) if c not in str(exc)]
-        return "; ".join([describe_exception(exc)] + causes)
+        return explain(exc, self.log_path, since)
 
     def _context(self, engine: Any, cell: Cell) -> tuple[str, int]:
         """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens
@@ -370,21 +405,20 @@ class GroupRunner:
         progress.order = lambda r: (order[r["prompt_id"]], r["repeat"])
 
     def run(self) -> None:
-        from harness.engines.registry import engine_class
         from harness.engines.base import Unsupported
-        from harness.core.redaction import expand, redact_rows
+        from harness.core.redaction import redact_rows
         from harness.run.probes import LogitProbes
 
         cells = self.order.cells
         per_cell = len(self.loaded.prompt_set.prompts) * self.exp.repeats
         spec = self.order.group.spec
-        self.reporter.log(f"loading {self.order.label or f'{spec.engine} / {spec.model}'}")
-        since = self._log_size()
-        try:  # `${NAME}` in the options: filled in from this environment, here and nowhere else
-            spec = replace(spec, options=expand(spec.options, dict(os.environ), f"engine_options.{spec.engine}"))
-            engine = engine_class(spec.engine)(spec, self.reporter.log, self.loaded.base)
-        except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
-            message = self._explain(exc, since)
+        load = self.ahead
+        if load is None or load.spec != spec:  # (the parent hands over a spare only for its own load)
+            if load is not None and load.engine is not None:
+                load.engine.close()
+            load = load_engine(spec, self.order.label, self.reporter, self.loaded.base, self.log_path)
+        engine, exc, message = load.engine, load.error, load.message
+        if exc is not None:  # a failed load fails its cells, not the run
             # Only the engine's own refusal is 'unsupported'; a load that broke (missing or bad
             # file, out of memory, no CUDA) is 'failed', and a rerun tries it again.
             status = "unsupported" if isinstance(exc, Unsupported) else "failed"
@@ -509,13 +543,13 @@ def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Th
 
 
 def _spare_imports() -> list[str]:
-    """What a spare imports before its work order, most needed first: pyarrow, pydantic and numpy (the
-    folder and its rows), the built-in engine modules (not their libraries, which must see the group's
-    environment; nor plugins, which may import theirs), and pandas, which pyarrow imports to turn the
-    cell's rows into a table after the last batch."""
+    """What a spare imports before its work order, most needed first: the built-in engine modules (a
+    load sent ahead looks its engine up among them; not their libraries, which must see the group's
+    environment, nor plugins, which may import theirs), pyarrow (the folder and its rows), and pandas,
+    which pyarrow imports to turn the cell's rows into a table after the last batch."""
     from harness.engines.registry import builtin_modules
 
-    return ["harness.results.folder", "harness.results.rows", *builtin_modules(), "pandas"]
+    return [*builtin_modules(), "harness.results.folder", "harness.results.rows", "pandas"]
 
 
 def _prepare() -> None:
@@ -523,40 +557,74 @@ def _prepare() -> None:
         importlib.import_module(module)
 
 
-def _as_spare(parent_pid: int) -> WorkOrder | None:
+def _enter(env: dict[str, str], log: str) -> None:
+    """Take on a group's environment and send this process's output to its log."""
+    os.environ.update(env)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _read_to_end(stream: Any) -> Callable[[], bytes]:
+    """Read `stream` to its end in a thread; the call returned waits for it and gives what came."""
+    chunks: list[bytes] = []
+    thread = threading.Thread(target=lambda: chunks.append(stream.read()), daemon=True)
+    thread.start()
+
+    def what_came() -> bytes:
+        thread.join()
+        return chunks[0] if chunks else b""
+
+    return what_came
+
+
+def _as_spare(parent_pid: int, fd: int) -> tuple[WorkOrder, PipeReporter, EngineLoad | None] | None:
     """A spare worker (harness.run.spare.SpareWorker): import what every worker needs while the parent
-    reads the experiment, and wait for the work order (None: released unused). The group's
-    environment and log come with it and are set here, before any engine library is imported."""
+    reads the experiment, load the first engine if the parent sends it ahead (harness.run.ahead), and
+    wait for the work order (None: released unused). Each message's environment is set here before
+    any engine library is imported."""
+    from harness.run.ahead import Ahead
+
     watch_parent(parent_pid)
     # in a thread, so that an order that comes before the last import waits for none of them (the
     # engine's load runs meanwhile; an import this thread has begun is finished, not repeated)
     threading.Thread(target=_prepare, daemon=True).start()
+    reporter, loaded = None, None
     try:
-        env, order = pickle.load(sys.stdin.buffer)
-    except EOFError:
+        message = pickle.load(sys.stdin.buffer)
+        if isinstance(message, Ahead):
+            # the order is read while the engine loads (minutes, for some): the parent's write of it
+            # must not wait on a full pipe, out of reach of its --timeout
+            order_bytes = _read_to_end(sys.stdin.buffer)
+            _enter(message.env, message.log)
+            reporter = PipeReporter(fd, secrets_of(message.spec.options))
+            loaded = load_engine(message.spec, message.label, reporter, message.base, Path(message.log))
+            message = pickle.loads(order_bytes())
+    except EOFError:  # released: the run did not need this worker
+        if loaded is not None and loaded.engine is not None:
+            loaded.engine.close()
         return None
-    os.environ.update(env)
-    Path(order.log).parent.mkdir(parents=True, exist_ok=True)
-    log = os.open(order.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    return order
+    env, order = message
+    _enter(env, order.log)
+    return order, reporter or PipeReporter(order.fd, secrets_of(order.group.spec.options)), loaded
 
 
 def main() -> int:
     """Worker entry: read the environment and work order from stdin, run its cells."""
+    ahead = None
     if sys.argv[1:2] == ["--spare"]:
-        spare = _as_spare(int(sys.argv[2]))
+        spare = _as_spare(int(sys.argv[2]), int(sys.argv[3]))
         if spare is None:
             return 0
-        order = spare
+        order, reporter, ahead = spare
     else:
         order = pickle.load(sys.stdin.buffer)[1]  # the environment was set at the process's start
         if order.parent_pid:
             watch_parent(order.parent_pid)
-    reporter = PipeReporter(order.fd, secrets_of(order.group.spec.options))
-    GroupRunner(order, reporter).run()
+        reporter = PipeReporter(order.fd, secrets_of(order.group.spec.options))
+    GroupRunner(order, reporter, ahead).run()
     from harness.engines.registry import engine_class
 
     if engine_class(order.group.spec.engine).exits_fast:  # every cell landed, the engine closed
