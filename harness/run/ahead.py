@@ -3,10 +3,10 @@ while the parent still imports pyarrow, adopts the experiment into the folder an
 
 A load is started ahead only where the run is sure to launch it first: a fresh folder (no cell of the
 group landed yet, so none is done), this interpreter, a group the engine does not refuse as a whole,
-one boot (`boots` > 1 starts a fresh worker per boot anyway), and no GPU to choose (`gpu: cpu` or `any`: which GPU a named type gets needs the node's GPU list,
-and no GPU memory is held on a guess). The runner still compares the launch it makes with the one
-started ahead (`Ahead.key`, SpareWorker.take) and ends the spare where they differ, so a wrong guess
-costs time, never a result.
+one boot (`boots` > 1 starts a fresh worker per boot anyway), and no GPU to choose (`gpu: cpu` or
+`any`: which GPU a named type gets needs the node's GPU list, and no GPU memory is held on a guess).
+The runner still compares the launch it makes with the one started ahead (`Ahead.key`,
+SpareWorker.take) and ends the spare where they differ, so a wrong guess costs time, never a result.
 """
 
 from __future__ import annotations
