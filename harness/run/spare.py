@@ -59,9 +59,7 @@ class SpareWorker:
             return None
         if self.ahead_key is not None and self.ahead_key != key:  # its environment is set: useless to others
             kill_group(proc)
-            os.close(self.read_fd)
-            return None
-        if proc.poll() is not None:  # it died before any work (its cause is the fresh worker's to show)
+        if proc.poll() is not None:  # ended just now, or died before any work (the fresh worker shows why)
             os.close(self.read_fd)
             return None
         return proc, self.read_fd, self.write_fd
@@ -72,15 +70,7 @@ class SpareWorker:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if self.ahead_key is not None:
-            kill_group(proc)
-            os.close(self.read_fd)
-            return
-        try:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        if self.ahead_key is not None or not _ends_at_eof(proc):
             kill_group(proc)
         os.close(self.read_fd)
 
@@ -89,6 +79,17 @@ class SpareWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _ends_at_eof(proc: subprocess.Popen) -> bool:
+    """Close an idle spare's stdin: whether it then exited on its own within 10 s."""
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        return True
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -217,12 +217,6 @@ class GroupRunner:
         self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
         return True
 
-    def _log_size(self) -> int:
-        return log_size(self.log_path)
-
-    def _explain(self, exc: BaseException, since: int) -> str:
-        return explain(exc, self.log_path, since)
-
     def _context(self, engine: Any, cell: Cell) -> tuple[str, int]:
         """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens
         and the cell needs them counted (a context, or batch-mates of filler_tokens)."""
@@ -352,7 +346,7 @@ class GroupRunner:
         except Unsupported as exc:
             return progress.replace(self.rows.status_rows(cell, "unsupported", str(exc)))
         except Exception as exc:  # noqa: BLE001 - the tokenizer broke (a server died): this cell fails
-            return progress.replace(self.rows.status_rows(cell, "failed", self._explain(exc, self._log_size())))
+            return progress.replace(self.rows.status_rows(cell, "failed", explain(exc, self.log_path, log_size(self.log_path))))
         plans = {p.id: plan_batches(prompt_set, p, size, self.exp.repeats, self.exp.filler_seed, self.exp.batch_fill)
                  for p in prompt_set.prompts}
         keys = {(p.id, r): run_key(cell.settings_id, plan.batch, pos, r)
@@ -368,7 +362,7 @@ class GroupRunner:
         todo = [(prompt, plan) for prompt in prompt_set.prompts for plan in plans[prompt.id]
                 if any(self._wanted(r) and not progress.has(prompt.id, r) for _, r in plan.runs)]
         warm = plans[prompt_set.prompts[0].id][0].batch
-        since = self._log_size()  # causes logged from here on explain this cell's failures
+        since = log_size(self.log_path)  # causes logged from here on explain this cell's failures
         try:  # warm-up: first use of a batch shape is not timed (with nothing left to run, none)
             if todo:
                 engine.warm_up(self._texts(engine, cell, warm, context), warm.target_position, sampling)
@@ -398,7 +392,7 @@ class GroupRunner:
             except Unsupported as exc:  # the engine's declared rules refuse this, before running it
                 rows = [base | {"status": "unsupported", "error": str(exc)} for base in bases]
             except Exception as exc:  # noqa: BLE001 - recorded, and the matrix goes on
-                rows = [base | {"status": "failed", "error": self._explain(exc, since)} for base in bases]
+                rows = [base | {"status": "failed", "error": explain(exc, self.log_path, since)} for base in bases]
             progress.add(rows, more=index < len(todo) - 1)
             self.reporter.advance(len(rows))
         order = {p.id: i for i, p in enumerate(prompt_set.prompts)}
