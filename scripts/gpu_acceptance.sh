@@ -34,7 +34,10 @@ if [ -n "${ENGINES:-}" ]; then
     [ "${#engines[@]}" -gt 1 ] && { echo "ENGINES: give one engine (a cell has one)" >&2; exit 2; }
 fi
 
-"${harness[@]}" doctor "$config" || echo "doctor: a piece this experiment needs is missing (above); its cells will fail or be skipped"
+mkdir -p "$out"
+"${harness[@]}" doctor "$config" 2>&1 | tee "$out/doctor.txt"
+doctor_rc=${PIPESTATUS[0]}
+[ "$doctor_rc" -eq 0 ] || echo "doctor: a piece this experiment needs is missing (above); its cells will fail or be skipped"
 "${harness[@]}" run "$config" --out "$out" "${where[@]}"
 run_rc=$?
 "${harness[@]}" check "$out" --junit "$out/junit.xml"
@@ -47,4 +50,22 @@ if [ -n "$gpu" ] && [ "${ENGINES:-vllm}" = vllm ]; then
 fi
 "${harness[@]}" report "$out"
 echo "another GPU type: run this script on its node, then: harness compare $out $root/acceptance-<other GPU>"
+
+# A summary to paste into an issue as it is (also kept as $out/acceptance-summary.md)
+{
+    echo '```'
+    echo "gpu_acceptance.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(nproc) cores)"
+    if [ -n "$gpu" ]; then
+        nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader 2>/dev/null \
+            | sed 's/^/gpu: /'
+    else
+        echo "gpu: none (CPU subset)"
+    fi
+    echo "config: $config${ENGINES:+ (ENGINES=$ENGINES)}; HARNESS_NATIVE_PRELOAD=${HARNESS_NATIVE_PRELOAD:-auto}"
+    echo "exit codes: doctor $doctor_rc, run $run_rc, check $check_rc"
+    grep -E '^ *(MISSING|ok|GPU:|llamacpp|llama-server|vllm)' "$out/doctor.txt" | cut -c1-240
+    "${harness[@]}" status "$out" 2>&1 | head -n 12
+    "${harness[@]}" summarize "$out" 2>/dev/null | grep -E '^(batch_size|[a-z_]+=)' | cut -c1-240
+    echo '```'
+} | tee "$out/acceptance-summary.md"
 [ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ]

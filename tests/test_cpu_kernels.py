@@ -89,7 +89,7 @@ class CrashingEngine(Engine):
         "prefix_cache", "context_tokens", "prefill_chunk", "kv_cache_dtype", "filler_tokens")}
 
     @classmethod
-    def crash_hint(cls, spec, signal_name):
+    def crash_hint(cls, spec, signal_name, before=""):
         return f"a stand-in that crashes on purpose ({signal_name}); try batch_size 1"
 
     def __init__(self, spec, log, base=None):
@@ -207,11 +207,12 @@ def test_doctor_decodes_the_experiments_model_and_fails_before_a_run_that_would_
     _kernel_experiment(tmp_path, "[off]")
     fine = run_harness("doctor", "exp.yaml", cwd=tmp_path)
     assert fine.returncode == 0, fine.stdout + fine.stderr
-    assert "decoded a probe batch of 2 here; extra_bufts off" in fine.stdout and "CPU kernels: build:" in fine.stdout
+    said = " ".join(fine.stdout.split())
+    assert "rehearsed a run's worker here" in said and "extra_bufts off; CPU kernels: extra buffers: none" in said
     _kernel_experiment(tmp_path, "[on]")  # a swept value is tried as its cells would run
     forced = run_harness("doctor", "exp.yaml", cwd=tmp_path)
     if crashes:
-        assert forced.returncode == 1 and "a probe batch crashed (SIG" in forced.stdout
+        assert forced.returncode == 1 and "a rehearsal of a run's worker" in forced.stdout and "died of SIG" in forced.stdout
         assert "extra_bufts: off" in forced.stdout  # what to do about it
     else:
         assert forced.returncode == 0 and "extra_bufts on" in forced.stdout

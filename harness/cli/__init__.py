@@ -64,14 +64,22 @@ def main(argv: Optional[list[str]] = None, spare: Any = None) -> Any:
         raise
 
 
+def _loads_engines_here(args: list[str]) -> bool:
+    """The commands that load llama.cpp in their own process: replay, rescore, compare --score."""
+    return args[:1] in (["replay"], ["rescore"]) or (args[:1] == ["compare"] and "--score" in args)
+
+
 def entry() -> None:
     """The `harness` command (and `python -m harness`): main(), then an exit without the interpreter's
     teardown of pandas, pyarrow and the rest (a tenth of a second and more of every command). Every
     file a command writes is closed by then; only the standard streams are flushed here."""
     import os
 
+    from harness.core.native_preload import ensure
     from harness.run.spare import SpareWorker
 
+    if _loads_engines_here(sys.argv[1:]):  # before anything native loads (harness.core.native_preload)
+        ensure()
     # `harness run`: its worker starts now, its interpreter and imports overlapping this one's
     spare = SpareWorker() if sys.argv[1:2] == ["run"] else None
     try:

@@ -189,6 +189,12 @@ class Engine(ABC):
     #: nothing of a load outlives close() (no helper process, no file left open): the worker may end
     #: at once after it instead of through the interpreter's teardown (a fifth of a second and more)
     exits_fast: ClassVar[bool] = False
+    #: the package whose native libraries this engine loads in the worker's process; its GPU backend
+    #: is preloaded when the process starts (harness.core.native_preload). None: nothing preloaded
+    native_package: ClassVar[str | None] = None
+    #: doctor rehearses a load of each of the experiment's models in a process shaped like a run's
+    #: worker (harness.run.rehearsal): for engines that load in seconds
+    rehearsed: ClassVar[bool] = False
     #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
     logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
     #: why `score` (harness.analysis.rescore) cannot run on this engine; None where it can
@@ -242,15 +248,16 @@ class Engine(ABC):
               wants_gpu: bool, base: Path | None = None) -> list[Finding]:
         """What doctor finds missing (ok=False) or worth saying for an experiment's `cells` of this
         engine, given its probe's facts; `wants_gpu`: some cell of the experiment may use a GPU;
-        `base`: the experiment's folder (for relative model paths). An engine that can run a few
-        tokens of the experiment's model here without risk (in a child process) does, so that a
-        crash shows in doctor, not an hour into a run."""
+        `base`: the experiment's folder (for relative model paths). Engines that load in seconds
+        are also rehearsed by doctor (`rehearsed`: a load, a batch and a Parquet write in a process
+        shaped like a run's worker), so that a crash shows in doctor, not an hour into a run."""
         return []
 
     @classmethod
-    def crash_hint(cls, spec: LoadSpec, signal_name: str) -> str:
+    def crash_hint(cls, spec: LoadSpec, signal_name: str, before: str = "") -> str:
         """What to say when this engine's process died of `signal_name` (SIGILL, SIGSEGV, ...) with
-        `spec`: the build's CPU features, what to try. Default: nothing."""
+        `spec`: the build, what to try. `before`: what the worker's log says was in the process before
+        the engine loaded (harness.core.native_preload.before_engine_line), '' if unknown. Default: nothing."""
         return ""
 
     @classmethod

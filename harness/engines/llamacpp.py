@@ -23,7 +23,7 @@ from pydantic import Field
 
 from harness.models import catalog as models
 from harness.engines.parts.chat_template import ChatTemplate
-from harness.core.process_end import how_it_ended
+from harness.core import native_preload
 from harness.engines.parts import cpu_kernels
 from harness.engines.parts.child_probe import probe_in_child
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
@@ -48,6 +48,8 @@ from harness.engines.base import (
 INSTALL_CUDA = ('CMAKE_ARGS="-DGGML_CUDA=on -DLLAVA_BUILD=OFF" pip install --force-reinstall --no-cache-dir '
                 '--no-deps llama-cpp-python')
 _PROBE = """
+from harness.core.native_preload import ensure
+ensure()
 import json, llama_cpp as ll
 from importlib import metadata
 info = ll.llama_print_system_info().decode(errors="replace")
@@ -152,6 +154,8 @@ class LlamaCppEngine(Engine):
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
     exits_fast = True  # close() frees its contexts; the rest is memory the process gives back
+    native_package = native_preload.LLAMA_CPP
+    rehearsed = True
     install = 'CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install -e ".[llamacpp]"'
 
     @classmethod
@@ -167,14 +171,36 @@ class LlamaCppEngine(Engine):
         return f"llama-cpp-python {facts['version']}, {offload}; backends {', '.join(facts['backends'])}"
 
     @classmethod
-    def crash_hint(cls, spec: LoadSpec, signal_name: str) -> str:
-        facts = probe_in_child(_PROBE, timeout_s=60)
-        features = " ".join(cpu_kernels.build_features(facts.get("system_info", ""))) or "unknown"
-        chosen = spec.options.get("extra_bufts", "auto")
-        tries = ("engine_options.llamacpp.extra_bufts: off (no AMX or repacked kernels)" if chosen != "off" else
-                 "a llama-cpp-python built for a plainer CPU (CMAKE_ARGS=\"-DGGML_NATIVE=OFF\")")
-        return (f"llama.cpp died in native code; this build uses CPU features {features} (extra_bufts {chosen}); "
-                f"try {tries}")
+    def crash_hint(cls, spec: LoadSpec, signal_name: str, before: str = "") -> str:
+        """For a build with a GPU backend: the backend, what was in the process before the engine and
+        the preload, with the preload's fix where it was not in force; the CPU's kernels and the
+        extra-buffer advice only for cells whose layers the CPU computes."""
+        gpu_build = native_preload.backends(cls.native_package)
+        on_gpu = bool(gpu_build) and gpu_layers(spec.gpu, spec.options.get("n_gpu_layers")) != 0
+        natives, _, preload = before.partition("; native preload ")
+        said = ["llama.cpp died in native code"]
+        if gpu_build:
+            said += [f"this build has a GPU backend ({', '.join(gpu_build)}) and the cell's layers were meant for the "
+                     + ("GPU" if on_gpu else "CPU (gpu: cpu or n_gpu_layers: 0)"),
+                     f"native libraries in the process before the engine: {natives or 'not recorded in the log'}",
+                     f"native preload {preload or 'not recorded'}"]
+            if not preload.startswith("on"):
+                said.append(f"a GPU build can crash so where numpy or pyarrow loaded first (a stock CUDA + PyTorch "
+                            f"image): leave {native_preload.SWITCH} unset (auto starts engine processes with the "
+                            "GPU backend preloaded); see docs/gpu-nodes.md")
+            elif on_gpu:
+                said.append("the backend was preloaded and it still died: run 'harness doctor FILE', set "
+                            "engine_options.llamacpp.verbose: true to keep llama.cpp's last words in the group's "
+                            "log, and check that the build's CUDA architectures include this GPU's "
+                            "(docs/gpu-nodes.md)")
+        if not on_gpu:
+            facts = probe_in_child(_PROBE, timeout_s=60)
+            features = " ".join(cpu_kernels.build_features(facts.get("system_info", ""))) or "unknown"
+            chosen = spec.options.get("extra_bufts", "auto")
+            tries = ("engine_options.llamacpp.extra_bufts: off (no AMX or repacked kernels)" if chosen != "off" else
+                     "a llama-cpp-python built for a plainer CPU (CMAKE_ARGS=\"-DGGML_NATIVE=OFF\")")
+            said.append(f"this build uses CPU features {features} (extra_bufts {chosen}); try {tries}")
+        return "; ".join(said)
 
     @classmethod
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
@@ -191,13 +217,6 @@ class LlamaCppEngine(Engine):
                                  "gpu: cpu"))
         if any(c["dtype"] != "auto" for c in cells) and importlib.util.find_spec("gguf") is None:
             found.append(Finding(cls.name, "dtype f16/bf16/f32 copies need the gguf package", False, models.INSTALL_GGUF))
-        prefix = f"{cls.name}."
-        trials = {}  # each model with each swept value of this engine's options, tried once
-        for c in cells:
-            swept = {k[len(prefix):]: v for k, v in c.items() if k.startswith(prefix)}
-            trials.setdefault((c["model"], tuple(sorted(swept.items()))), options | swept)
-        for (model, _), merged in trials.items():
-            found.append(cls._trial(model, merged, facts.get("system_info", ""), base))
         return found
 
     @classmethod
@@ -209,27 +228,6 @@ class LlamaCppEngine(Engine):
         key = cpu_kernels.cache_key("llama-cpp-python", metadata.version("llama-cpp-python"), system_info, model_sha256)
         amx = cpu_kernels.has_amx(system_info) or cpu_kernels.cpu_reports_amx()
         return cpu_kernels.choose(option, amx, probe, models.cache_dir(), key, log), probe, key
-
-    @classmethod
-    def _trial(cls, model: str, options: dict[str, Any], system_info: str, base: Path | None) -> Finding:
-        """The experiment's model decoded here in a child process (a batch of 2, prefills over 128
-        tokens), with the extra-buffer setting a run would choose: a crash fails doctor."""
-        what = f"{cls.name} {model}"
-        try:
-            path = models.resolve_gguf(model, base)
-        except Exception as exc:  # noqa: BLE001 - said as the finding
-            return Finding(what, f"the model cannot be found: {exc}", False)
-        opts = LlamaCppOptions.model_validate(options)
-        threads = opts.n_threads or os.cpu_count() or 1
-        choice, probe, key = cls.kernel_choice(opts.extra_bufts, path, models.file_sha256(path), system_info, threads,
-                                               lambda _: None)
-        code = cpu_kernels.probed(models.cache_dir(), key, choice.use_extra, probe, lambda _: None)[0]
-        if code != 0:
-            return Finding(what, f"a probe batch crashed ({how_it_ended(code)}) with extra_bufts {choice.said}", False,
-                           "set engine_options.llamacpp.extra_bufts: off, or build llama-cpp-python with "
-                           'CMAKE_ARGS="-DGGML_NATIVE=OFF"')
-        return Finding(what, f"decoded a probe batch of 2 here; extra_bufts {choice.said}; CPU kernels: "
-                             f"{cpu_kernels.kernel_path([], system_info).split('; ', 1)[1]}", True)
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
@@ -643,6 +641,7 @@ class LlamaCppEngine(Engine):
             "extra_bufts": self.extra.said,
             "cpu_kernels": self.kernel_path,
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+            "native_preload": native_preload.state(self.native_package),
             "n_gpu_layers": self.n_gpu_layers,
             "n_threads": self.n_threads,
             "prefill_step": self.prefill_step,

@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, model_validator
 
+from harness.core import native_preload
 from harness.models import catalog as models
 from harness.engines.base import (
     HONOUR, BatchOutput, Engine, EngineOptions, LoadSpec, Log, Refuse, Sampling, SequenceOutput, Unsupported,
@@ -76,6 +77,8 @@ class OpenAIEngine(Engine):
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
     exits_fast = True  # close() waits for a launched server and frees the vocabulary it read
+    #: a server that gives no token ids has its answers tokenized with llama.cpp's vocabulary, in process
+    native_package = native_preload.LLAMA_CPP
     replay_unavailable = "a server picks its own tokens: a recorded output cannot be forced through its decode loop from outside"
     install = "nothing to install: it talks to a running OpenAI-compatible server"
 

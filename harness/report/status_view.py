@@ -13,6 +13,15 @@ from harness.report.plain import PlainTable
 from harness.results.status import FolderStatus
 
 
+#: the error column's width; longer causes are also printed whole below the table
+SHORT = 60
+
+
+def _short(error: str) -> str:
+    first = error.strip().splitlines()[0] if error.strip() else ""
+    return first if len(first) <= SHORT else first[: SHORT - 3] + "..."
+
+
 def status_view(status: FolderStatus, folder: str) -> list[Any]:
     """The status's renderables, in print order."""
     counts = ", ".join(f"{v} {k}" for k, v in status.counts.items())
@@ -33,8 +42,12 @@ def status_view(status: FolderStatus, folder: str) -> list[Any]:
             table.add_column(col)
         for s in pending:
             c = s.cell
-            table.add_row(c.id, s.state, *[str(c[a]) for a in shown], str(partial.get(c.id, "")), s.error[:80])
+            table.add_row(c.id, s.state, *[str(c[a]) for a in shown], str(partial.get(c.id, "")), _short(s.error))
         out.append(table)
+        # a table cuts its cells at the screen's width: each cause in full, on lines of its own
+        causes = [(s.cell.id, s.error.strip().splitlines()[0]) for s in pending if s.error.strip()]
+        if any(len(cause) > SHORT for _, cause in causes):
+            out += ["why:"] + [Text(f"  {cell}: {cause}") for cell, cause in causes]
         if any(not s.done for s in pending):
             out.append(Text(f"rerun: harness run {folder}   (or resubmit: harness submit FILE --scheduler ... "
                             f"--cells $(harness status {folder} --ids missing,failed,skipped))"))

@@ -3,7 +3,8 @@ while the parent still imports pyarrow, adopts the experiment into the folder an
 
 A load is started ahead only where the run is sure to launch it first: a fresh folder (no cell of the
 group landed yet, so none is done), this interpreter, a group the engine does not refuse as a whole,
-one boot (`boots` > 1 starts a fresh worker per boot anyway), and no GPU to choose (`gpu: cpu` or
+one boot (`boots` > 1 starts a fresh worker per boot anyway), an engine the spare serves (on a GPU build
+of llama.cpp it preloaded that build's backend: harness.run.spare.serves), and no GPU to choose (`gpu: cpu` or
 `any`: which GPU a named type gets needs the node's GPU list, and no GPU memory is held on a guess).
 The runner still compares the launch it makes with the one started ahead (`Ahead.key`,
 SpareWorker.take) and ends the spare where they differ, so a wrong guess costs time, never a result.
@@ -22,6 +23,7 @@ from harness.experiment.config import CURRENT_ENVIRONMENT, LoadedExperiment
 from harness.experiment.matrix import Cell, Group, load_label, refused_setting
 from harness.results import layout
 from harness.run.enforced import device_environment
+from harness.run.spare import serves
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ def first_load(loaded: LoadedExperiment, chosen: list[tuple[Group, list[Cell]]],
         return None
     if any(c["environment"] != CURRENT_ENVIRONMENT for c in cells) or all(refused_setting(c) for c in cells):
         return None
-    if loaded.experiment.boots > 1 or engine_class(spec.engine).refusal(spec) is not None:
+    cls = engine_class(spec.engine)
+    if loaded.experiment.boots > 1 or cls.refusal(spec) is not None or not serves(cls.native_package):
         return None
     log = layout.group_log(out, grp.id)
     return Ahead(group_environment(spec, [], log), spec, str(log), loaded.base,

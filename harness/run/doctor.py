@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import platform
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from harness.core import gpu_names
 from harness.models import catalog as models
 from harness.results import provenance
 from harness.experiment.config import LoadedExperiment
-from harness.engines.base import Finding
+from harness.engines.base import Finding, LoadSpec
 from harness.engines.registry import engine_class, engine_names
-from harness.experiment.matrix import expand
+from harness.experiment.matrix import Cell, expand, refused_setting
 
 
 @dataclass
@@ -106,5 +107,27 @@ def check_experiment(loaded: LoadedExperiment, server_binary: str | None = None)
             continue
         mine = [c.as_dict for c in cells if c["engine"] == engine]
         report.findings.extend(cls.needs(facts[engine], mine, options.get(engine, {}), wants_gpu, loaded.base))
+        if cls.rehearsed:
+            report.findings.extend(_rehearsals(loaded, [c for c in cells if c["engine"] == engine],
+                                               report.facts["gpus"], names))
     return report
+
+
+def _rehearsals(loaded: LoadedExperiment, cells: list[Cell], gpus: list[dict[str, str]],
+                names: list[str]) -> list[Finding]:
+    """One rehearsal of a run's worker (harness.run.rehearsal) per distinct load of `cells` that would run
+    here: each model, dtype, GPU choice and set of options once."""
+    from harness.run.ahead import group_environment
+    from harness.run.rehearsal import rehearse
+
+    seen: dict[str, LoadSpec] = {}
+    for cell in cells:
+        spec = cell.load_spec()
+        runs_here = spec.gpu in ("any", "cpu") or any(gpu_names.matches(spec.gpu, n) for n in names)
+        if runs_here and not refused_setting(cell) and engine_class(spec.engine).refusal(spec) is None:
+            seen.setdefault(json.dumps([spec.model, spec.dtype, spec.gpu, spec.options], sort_keys=True, default=str),
+                            spec)
+    with tempfile.TemporaryDirectory(prefix="harness-doctor-") as tmp:
+        log = Path(tmp) / "rehearsal.log"
+        return [rehearse(spec, loaded.base, group_environment(spec, gpus, log)) for spec in seen.values()]
 

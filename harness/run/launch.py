@@ -18,11 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.native_preload import last_before_engine
 from harness.core.process_end import signal_word
 from harness.engines.registry import engine_class
 from harness.run.ahead import launch_key
 from harness.run.environments import is_foreign, worker_env
-from harness.run.spare import SpareWorker, kill_group
+from harness.run.spare import SpareWorker, kill_group, serves
 from harness.run.worker import WorkOrder
 
 LOG_TAIL_LINES = 15
@@ -36,12 +37,15 @@ class Outcome:
     cause: str
 
 
-def _tail(path: Path) -> str:
+def _read(path: Path) -> str:
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        return path.read_text(errors="replace")
     except OSError:
         return ""
-    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _tail(path: Path) -> str:
+    return "\n".join(_read(path).splitlines()[-LOG_TAIL_LINES:])
 
 
 def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: float | None,
@@ -51,7 +55,9 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
     log_path = Path(order.log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     python = order.python or sys.executable
-    if spare is not None and is_foreign(order.python):  # it runs this interpreter, not that one
+    cls = engine_class(order.group.spec.engine)
+    # the spare runs this interpreter, and preloaded at its start what its package needs
+    if spare is not None and (is_foreign(order.python) or not serves(cls.native_package)):
         spare.release()
     taken = spare.take(launch_key(env, order.group.spec, order.log, order.loaded.base)) if spare is not None else None
     if taken is not None:
@@ -60,7 +66,7 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
         read_fd, child_fd = os.pipe()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [python, "-m", "harness.run.worker"],
+                [python, "-m", "harness.run.worker", *(["--preload", cls.native_package] if cls.native_package else [])],
                 env={**os.environ, **env, **worker_env(order.python)},
                 stdin=subprocess.PIPE,
                 stdout=log,
@@ -107,7 +113,7 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
         return Outcome(code, "")
     if code < 0:  # a crash in native code: name the signal and what the engine says to try
         name = signal_word(-code)
-        hint = engine_class(order.group.spec.engine).crash_hint(order.group.spec, name)
+        hint = cls.crash_hint(order.group.spec, name, last_before_engine(_read(log_path)))
         return Outcome(code, f"engine worker ({order.group.spec.engine}) killed by signal {name}"
                              f"{'; ' + hint if hint else ''}\n{_tail(log_path)}".strip())
     return Outcome(code, f"engine worker exited with code {code}\n{_tail(log_path)}".strip())

@@ -15,13 +15,28 @@ import subprocess
 import sys
 import threading
 
+from harness.core.native_preload import LLAMA_CPP, plan
+
+#: the native package a spare is started for (its GPU backend preloaded, where the build has one): the
+#: built-in llama.cpp engine's, which most runs load first
+SPARE_PRELOAD = LLAMA_CPP
+
+
+def serves(package: str | None) -> bool:
+    """Whether a spare may serve a load of an engine whose native package is `package` (None: it loads
+    none in process): one of that package, or any where the spare had nothing to preload (a CPU-only
+    build, or the switch off). A GPU backend preloaded into a vLLM worker is not risked."""
+    return package == SPARE_PRELOAD or not plan(SPARE_PRELOAD).libraries
+
 
 class SpareWorker:
     """A worker process started before there is work for it, so that its interpreter start and the
     harness's imports (pydantic, pyarrow, numpy, the engine modules, pandas: about half a second; see
     harness.run.worker) overlap the parent's reading of the experiment. It imports no engine library
     and sets the group's environment itself when its work order comes, before the engine loads;
-    unused, it ends when released. The parent may send it the first load ahead of the work order
+    unused, it ends when released. It preloads the llama.cpp build's GPU backend at its start (where
+    there is one), so on such a build it serves only launches of engines that load that package (`serves`).
+    The parent may send it the first load ahead of the work order
     (`ahead`, harness.run.ahead); then only a launch of that load may take it. Take it once (`take`)."""
 
     def __init__(self) -> None:
@@ -31,7 +46,8 @@ class SpareWorker:
         self.ahead_key: object = None
         self.read_fd, self.write_fd = os.pipe()
         self.proc: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "harness.run.worker", "--spare", str(os.getpid()), str(self.write_fd)],
+            [sys.executable, "-m", "harness.run.worker", "--preload", SPARE_PRELOAD,
+             "--spare", str(os.getpid()), str(self.write_fd)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(self.write_fd,), start_new_session=True,
         )

@@ -7,14 +7,21 @@ to the parent as JSON lines. It ends itself, with everything it started, when th
 
 from __future__ import annotations
 
-import importlib
+import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--preload"]:
+    # before anything native loads: the engine's GPU backend preloaded, where its build has one
+    from harness.core.native_preload import ensure
+
+    ensure(sys.argv[2])
+
+import importlib  # noqa: E402 - after the preload above
 import json
 import os
 import pickle
 import platform
 import re
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -150,6 +157,11 @@ def load_engine(spec: LoadSpec, label: str, reporter: Any, base: Path, log: Path
     from harness.engines.registry import engine_class
 
     reporter.log(f"loading {label or f'{spec.engine} / {spec.model}'}")
+    package = engine_class(spec.engine).native_package
+    if package:  # what a crash in the load is explained with (harness.run.launch)
+        from harness.core.native_preload import before_engine_line
+
+        print(before_engine_line(package), file=sys.stderr, flush=True)
     since = log_size(log)
     try:  # `${NAME}` in the options: filled in from this environment, here and nowhere else
         filled = replace(spec, options=expand(spec.options, dict(os.environ), f"engine_options.{spec.engine}"))
@@ -546,7 +558,9 @@ def _spare_imports() -> list[str]:
     return [*builtin_modules(), "harness.results.folder", "harness.results.rows", "pandas"]
 
 
-def _prepare() -> None:
+def prepare_imports() -> None:
+    """Import what a worker needs before its work order, in the order a spare does (doctor's rehearsal
+    imports the same, so that it meets what a run meets)."""
     for module in _spare_imports():
         importlib.import_module(module)
 
@@ -584,7 +598,7 @@ def _as_spare(parent_pid: int, fd: int) -> tuple[WorkOrder, PipeReporter, Engine
     watch_parent(parent_pid)
     # in a thread, so that an order that comes before the last import waits for none of them (the
     # engine's load runs meanwhile; an import this thread has begun is finished, not repeated)
-    threading.Thread(target=_prepare, daemon=True).start()
+    threading.Thread(target=prepare_imports, daemon=True).start()
     reporter, loaded = None, None
     try:
         message = pickle.load(sys.stdin.buffer)
@@ -606,10 +620,12 @@ def _as_spare(parent_pid: int, fd: int) -> tuple[WorkOrder, PipeReporter, Engine
 
 
 def main() -> int:
-    """Worker entry: read the environment and work order from stdin, run its cells."""
+    """Worker entry (`python -m harness.run.worker [--preload PACKAGE] [--spare PARENT FD]`): read the
+    environment and work order from stdin, run its cells."""
     ahead = None
-    if sys.argv[1:2] == ["--spare"]:
-        spare = _as_spare(int(sys.argv[2]), int(sys.argv[3]))
+    args = sys.argv[3:] if sys.argv[1:2] == ["--preload"] else sys.argv[1:]
+    if args[:1] == ["--spare"]:
+        spare = _as_spare(int(args[1]), int(args[2]))
         if spare is None:
             return 0
         order, reporter, ahead = spare

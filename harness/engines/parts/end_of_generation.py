@@ -10,6 +10,10 @@ token at the end, and a cross-engine comparison would show a divergence that is 
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Collection
 
@@ -26,20 +30,34 @@ def without_end(ids: list[int], pieces: list[str], end_ids: Collection[int] | No
     return ids[:-1], pieces[:-1] if len(pieces) == len(ids) else pieces
 
 
+_END_IDS = """
+import sys
+from harness.core.native_preload import ensure
+ensure()
+import json, llama_cpp as ll
+params = ll.llama_model_default_params()
+params.vocab_only = True
+model = ll.llama_model_load_from_file(sys.argv[1].encode(), params)
+vocab = ll.llama_model_get_vocab(model) if model else None
+print(json.dumps({"ids": [t for t in range(ll.llama_vocab_n_tokens(vocab)) if ll.llama_vocab_is_eog(vocab, t)]}
+                 if model else {"error": "llama.cpp could not read the vocabulary"}))
+"""
+
+
 def gguf_end_ids(path: Path | str) -> frozenset[int] | None:
     """Every token a GGUF's vocabulary marks as ending generation (llama.cpp's `is_eog`: EOS, EOT,
-    end-of-turn); None when llama-cpp-python is not installed to read it."""
-    try:
-        import llama_cpp as ll
-    except ImportError:
-        return None
-    params = ll.llama_model_default_params()
-    params.vocab_only = True
-    model = ll.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
+    end-of-turn); None when llama-cpp-python is not installed to read it, or it cannot. Asked of
+    llama.cpp in a child process, so that a worker that does not compute with llama.cpp never holds
+    it (a GPU build of it can crash a process that holds pyarrow, harness.core.native_preload)."""
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
     try:
-        vocab = ll.llama_model_get_vocab(model)
-        return frozenset(t for t in range(ll.llama_vocab_n_tokens(vocab)) if ll.llama_vocab_is_eog(vocab, t))
-    finally:
-        ll.llama_model_free(model)
+        done = subprocess.run([sys.executable, "-c", _END_IDS, str(path)], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"')]
+    try:
+        answer = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
+    except ValueError:
+        return None
+    return frozenset(int(t) for t in answer["ids"]) if "ids" in answer else None

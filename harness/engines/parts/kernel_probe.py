@@ -51,4 +51,7 @@ def main(model: str, extra: str, threads: int) -> int:
 
 
 if __name__ == "__main__":
+    from harness.core.native_preload import ensure
+
+    ensure()  # as a run's worker loads llama.cpp: its GPU backend preloaded, where the build has one
     sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
