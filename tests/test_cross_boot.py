@@ -154,3 +154,20 @@ def test_a_server_that_draws_its_seed_at_boot_agrees_within_a_boot_and_not_acros
     assert expected["cross"][0] == 4 and expected["cross"][1] >= 1  # other boot, other seed: some part (2 to 4 of 4 seen; random seeds can agree)
     shown = run_harness("summarize", str(store.root)).stdout
     assert "same boot as the reference run 2/2 identical" in shown
+
+
+@needs_llama
+@pytest.mark.parametrize(("boots", "repeats"), [(3, 6), (4, 8)])
+def test_every_boot_keeps_the_repeats_planned_for_it(tmp_path, boots, repeats):
+    """Each boot checkpoints its own runs under its own names (before, a later boot overwrote an
+    earlier one's checkpoints, and the last boot ran the lost repeats again, the reference run among
+    them): every boot holds exactly the repeats `boot_of` gives it, each from one load of its own."""
+    text = (f"name: boots\nprompts: prompts.yaml\nrepeats: {repeats}\nboots: {boots}\nmax_tokens: 4\n"
+            "matrix: {model: [smollm2-135m], engine: [llamacpp]}\nengine_options: {llamacpp: {n_threads: 2}}\n")
+    rows = run_experiment(tmp_path, text).read_rows()
+    exp = load_experiment(tmp_path / "exp.yaml").experiment
+    assert len(rows) == 2 * repeats and set(rows.status) == {"ok"}
+    for prompt, runs in rows.groupby("prompt_id"):
+        assert {int(r.repeat): int(r.boot) for r in runs.itertuples()} == {r: exp.boot_of(r) for r in range(repeats)}
+    loads = rows.groupby("boot").load_id.unique()
+    assert len(loads) == boots and all(len(ids) == 1 for ids in loads) and rows.load_id.nunique() == boots

@@ -94,7 +94,7 @@ def test_processes_that_load_llama_cpp_ask_for_the_preload():
     root = Path(__file__).resolve().parent.parent / "harness"
     for path in ("run/worker.py", "run/rehearsal.py", "engines/parts/kernel_probe.py",
                  "engines/parts/end_of_generation.py", "cli/__init__.py"):
-        assert "ensure(" in (root / path).read_text(), path
+        assert "ensure" in (root / path).read_text(), path
     from harness.cli import _loads_engines_here
 
     assert _loads_engines_here(["replay", "out"]) and _loads_engines_here(["compare", "a", "b", "--score"])

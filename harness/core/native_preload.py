@@ -119,6 +119,21 @@ def ensure(package: str = LLAMA_CPP) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+#: how a process is told, first on its command line, which package to preload for (worker, rehearsal)
+FLAG = "--preload"
+
+
+def flag(package: str | None) -> list[str]:
+    """The command-line words that make a harness process preload for `package` ([] for None)."""
+    return [FLAG, package] if package else []
+
+
+def ensure_from_argv() -> None:
+    """`ensure` for the package the command line names first (`--preload PACKAGE ...`), if it does."""
+    if sys.argv[1:2] == [FLAG] and len(sys.argv) > 2:
+        ensure(sys.argv[2])
+
+
 def state(package: str = LLAMA_CPP) -> str:
     """This process's preload, in words, for the rows and the crash text: 'on: libggml-cuda.so',
     'off (HARNESS_NATIVE_PRELOAD=off; the build has cuda)', 'not needed (no GPU backend in this build)'."""

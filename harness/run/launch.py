@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.core.native_preload import last_before_engine
+from harness.core.native_preload import flag, last_before_engine
 from harness.core.process_end import signal_word
 from harness.engines.registry import engine_class
 from harness.run.ahead import launch_key
@@ -66,7 +66,7 @@ def launch(order: WorkOrder, env: dict[str, str], reporter: Any, timeout_s: floa
         read_fd, child_fd = os.pipe()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [python, "-m", "harness.run.worker", *(["--preload", cls.native_package] if cls.native_package else [])],
+                [python, "-m", "harness.run.worker", *flag(cls.native_package)],
                 env={**os.environ, **env, **worker_env(order.python)},
                 stdin=subprocess.PIPE,
                 stdout=log,

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--preload"]:
-    from harness.core.native_preload import ensure
+if __name__ == "__main__":  # before anything native loads: the engine's GPU backend, where its build has one
+    from harness.core.native_preload import ensure_from_argv
 
-    ensure(sys.argv[2])
+    ensure_from_argv()
 
 import json  # noqa: E402 - after the preload above
 import os  # noqa: E402
@@ -30,7 +30,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from harness.core.native_preload import last_before_engine  # noqa: E402
+from harness.core.native_preload import flag, last_before_engine  # noqa: E402
 from harness.core.process_end import died_of, how_it_ended, signal_word  # noqa: E402
 from harness.engines.base import Finding, LoadSpec  # noqa: E402
 from harness.engines.registry import engine_class  # noqa: E402
@@ -81,7 +81,7 @@ def rehearse(spec: LoadSpec, base: Path, env: dict[str, str], timeout_s: float =
     cls = engine_class(spec.engine)
     what = f"{spec.engine} {spec.model}" + (f" (dtype {spec.dtype})" if spec.dtype != "auto" else "") + (
         f" on {spec.gpu}" if spec.gpu != "any" else "")
-    argv = [sys.executable, "-m", "harness.run.rehearsal", *(["--preload", cls.native_package] if cls.native_package else [])]
+    argv = [sys.executable, "-m", "harness.run.rehearsal", *flag(cls.native_package)]
     with tempfile.TemporaryDirectory(prefix="harness-rehearsal-") as tmp:
         log = Path(tmp) / "rehearsal.log"
         try:

@@ -148,6 +148,9 @@ class Runner:
                               boot=boot if boots > 1 else None, python=python)
             outcome = launch(order, env, self.reporter, self.group_timeout_s, self.spare)
             causes.append(redact_text(outcome.cause, secrets))
+            if causes[-1] and boot < boots - 1:  # its rows say which boot ran them; the log says why
+                self.reporter.log(f"[{grp.spec.engine}] boot {boot + 1} of {boots} ended early: "
+                                  f"{causes[-1].splitlines()[0]}; the last boot runs what it left")
         for path in log_path.parent.glob("*.log"):  # the worker's and its servers' logs
             scrub(path, secrets)
         missing = [c for c in cells if not self._landed_here(c) and (force or not self.store.is_done(c.id))]

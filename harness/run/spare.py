@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 
-from harness.core.native_preload import LLAMA_CPP, plan
+from harness.core.native_preload import LLAMA_CPP, flag, plan
 
 #: the native package a spare is started for (its GPU backend preloaded, where the build has one): the
 #: built-in llama.cpp engine's, which most runs load first
@@ -46,8 +46,8 @@ class SpareWorker:
         self.ahead_key: object = None
         self.read_fd, self.write_fd = os.pipe()
         self.proc: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-m", "harness.run.worker", "--preload", SPARE_PRELOAD,
-             "--spare", str(os.getpid()), str(self.write_fd)],
+            [sys.executable, "-m", "harness.run.worker", *flag(SPARE_PRELOAD), "--spare", str(os.getpid()),
+             str(self.write_fd)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(self.write_fd,), start_new_session=True,
         )

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--preload"]:
-    # before anything native loads: the engine's GPU backend preloaded, where its build has one
-    from harness.core.native_preload import ensure
+if __name__ == "__main__":  # before anything native loads: the engine's GPU backend, where its build has one
+    from harness.core.native_preload import ensure_from_argv
 
-    ensure(sys.argv[2])
+    ensure_from_argv()
 
 import importlib  # noqa: E402 - after the preload above
 import json
@@ -29,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.core.native_preload import FLAG
 from harness.engines.base import LoadSpec
 from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, Group
@@ -314,7 +314,9 @@ class GroupRunner:
                               for r in self.rows.status_rows(cell, "unsupported", reason)])
             self.reporter.advance(len(self.loaded.prompt_set.prompts) * self.exp.repeats)
             return
-        progress = CellProgress(self.folder, cell.id, self.order.run_id, self.order.checkpoint_s, engine_cols,
+        # each boot's checkpoints under names of their own: a later boot keeps an earlier one's, never overwrites them
+        parts = self.order.run_id + ("" if self.order.boot is None else f"-boot{self.boot}")
+        progress = CellProgress(self.folder, cell.id, parts, self.order.checkpoint_s, engine_cols,
                                 self.rows.prov, lambda: self._what_ran(engine, cell)[0] | seeded)
         self._cell_rows(engine, cell, engine_cols, probes, progress)
         ran, reason = self._what_ran(engine, cell)  # after the cell: a server engine starts its server late
@@ -467,13 +469,14 @@ class CellProgress:
     asked when a checkpoint is written, and `stamp` when the cell ends).
     """
 
-    def __init__(self, folder: Any, cell_id: str, run_id: str, every_s: float, engine_cols: dict[str, Any],
+    def __init__(self, folder: Any, cell_id: str, parts: str, every_s: float, engine_cols: dict[str, Any],
                  machine: dict[str, Any] | None = None,
                  what_ran: Callable[[], dict[str, Any]] | None = None) -> None:
+        """`parts`: what this load's checkpoint files are named after (unique to the run and boot)."""
         from harness.run.reuse import load_identity, same_load
         from harness.results.store import DONE_STATUSES
 
-        self.folder, self.cell_id, self.run_id, self.every_s = folder, cell_id, run_id, every_s
+        self.folder, self.cell_id, self.parts, self.every_s = folder, cell_id, parts, every_s
         self.here = load_identity(engine_cols, machine or {})
         self.kept = {(r["prompt_id"], r["repeat"]): r for r in folder.checkpointed(cell_id)
                      if r["status"] in DONE_STATUSES and same_load(r, self.here)}
@@ -517,7 +520,7 @@ class CellProgress:
         keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
         if keep:
             ran = self._what_ran()  # a checkpointed run, kept by a later load, says what it ran on
-            self.folder.checkpoint(self.cell_id, f"{self.run_id}-{self._parts:05d}.parquet", [r | ran for r in keep])
+            self.folder.checkpoint(self.cell_id, f"{self.parts}-{self._parts:05d}.parquet", [r | ran for r in keep])
             self._parts += 1
         self._pending = []
         self._last = time.monotonic()
@@ -623,7 +626,7 @@ def main() -> int:
     """Worker entry (`python -m harness.run.worker [--preload PACKAGE] [--spare PARENT FD]`): read the
     environment and work order from stdin, run its cells."""
     ahead = None
-    args = sys.argv[3:] if sys.argv[1:2] == ["--preload"] else sys.argv[1:]
+    args = sys.argv[3:] if sys.argv[1:2] == [FLAG] else sys.argv[1:]
     if args[:1] == ["--spare"]:
         spare = _as_spare(int(args[1]), int(args[2]))
         if spare is None:
