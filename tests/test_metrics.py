@@ -204,12 +204,38 @@ def test_a_verdict_says_half_departed_only_when_half_did():
                             "reference_cell": ["a", "a"], "reference": ["batch_size=1"] * 2})
     base = {"engine": "llamacpp", "prompts": 5, "first_divergence_min": 3, "median_tokens_to_divergence": 7,
             "upper95_prompts": 0.5, "upper95_pooled": 0.3, "logprobs_compared": 0}
-    few = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 2}])
-    most = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 5}])
+    few = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 2, "departed_by_median": 2}])
+    most = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 5, "departed_by_median": 4}])
+    # most departed in the end, but only 3 by the median: the total does not choose the words
+    late = pd.DataFrame([{**base, "batch_size": 4, "compared": 8, "diverged": 6, "departed_by_median": 3}])
     (line,) = verdict_lines(summary, few)
     assert "half departed by" not in line and "Kaplan-Meier median 7 tokens among the runs still going" in line
     (line,) = verdict_lines(summary, most)
-    assert "half departed by token 7" in line
+    assert "half departed by token 7 (4/8)" in line
+    (line,) = verdict_lines(summary, late)
+    assert "half departed by" not in line and "(3/8 had departed by then" in line
+
+
+def test_the_median_is_where_the_curve_reaches_one_half_computed_by_hand():
+    """Issue 43's runs: 10 at batch 8 of 48 tokens, departing at tokens 1, 1, 1, 7, 7, 16, 16. By hand:
+    S = 0.7 after token 1, 0.7 * 5/7 = 0.5 after token 7 (0.5000000000000001 in floating point), 0.3
+    after 16: half had departed by token 7, and 5 runs had."""
+    import pandas as pd
+
+    from harness.analysis import survival
+    from harness.analysis.metrics import KEY_COLUMNS
+
+    setting = {k: "x" for k in KEY_COLUMNS} | {"batch_size": 8, "cell_id": "c", "n_tokens": 48}
+    splits = [1, 1, 1, 7, 7, 16, 16, None, None, None]
+    compared = pd.DataFrame({**setting, "matched": [s is None for s in splits],
+                             "first_divergence": [float("nan") if s is None else s for s in splits]})
+    curve = survival.curves(compared).set_index("tokens")
+    assert curve.loc[2, "identical"] == pytest.approx(0.7) and curve.loc[8, "identical"] == pytest.approx(0.5)
+    (row,) = survival.medians(survival.curves(compared)).to_dict("records")
+    assert (row["runs"], row["departed"], row["median_tokens_to_divergence"], row["departed_by_median"]) == (10, 7, 7, 5)
+    ten = pd.DataFrame({**setting, "matched": False, "first_divergence": [3.0] * 4 + [9.0] * 6})
+    (row,) = survival.medians(survival.curves(ten)).to_dict("records")
+    assert (row["median_tokens_to_divergence"], row["departed_by_median"]) == (9, 10)
 
 
 def test_a_split_at_the_first_step_compares_no_log_probability():

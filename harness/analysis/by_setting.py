@@ -19,7 +19,8 @@ from harness.analysis import near_ties as ties_module
 from harness.analysis.metrics import keys_of, prompt_upper95, upper95
 
 COLUMNS = ["prompts", "compared", "diverged", "divergence_rate", "upper95_prompts", "upper95_pooled",
-           "first_divergence_min", "median_tokens_to_divergence", "logprobs_compared", "logprobs_identical_runs"]
+           "first_divergence_min", "median_tokens_to_divergence", "departed_by_median", "logprobs_compared",
+           "logprobs_identical_runs"]
 #: the same counts and bounds for runs compared with a reference run of their own engine load (same
 #: boot) and of another load (cross boot: another boot, or another load of the run)
 SCOPES = ("same_boot", "cross_boot")
@@ -47,12 +48,13 @@ def agreement(summary: pd.DataFrame, medians: pd.DataFrame | None = None,
             "upper95_prompts": prompt_upper95(d, n), "upper95_pooled": upper95(int(d.sum()), int(n.sum())),
             "first_divergence_min": part["first_divergence_min"].min(),
             "median_tokens_to_divergence": np.nan,
+            "departed_by_median": np.nan,
             "logprobs_compared": int(lp_n.sum()),
             "logprobs_identical_runs": int(round((part["logprobs_identical"].fillna(0) * lp_n).sum()))
             if lp_n.any() else 0,
         } | _scoped(part))
     out = pd.DataFrame(records, columns=keys + COLUMNS + BOOT_COLUMNS)
-    out = _fill(out, keys, medians, ["median_tokens_to_divergence"])
+    out = _fill(out, keys, medians, ["median_tokens_to_divergence", "departed_by_median"])
     if ties is not None:
         out = _fill(out, keys, ties, [c for c in ties_module.SETTING_COLUMNS if c != "runs"])
     if flip_counts is not None:

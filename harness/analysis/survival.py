@@ -12,7 +12,11 @@ with e_u the runs departing at u and r_u the runs still at risk there (time >= u
 departed yet) the band's low end is the exact binomial bound for r of r (0.025 ** (1 / r)), and
 where S is 0 its high end is that for 0 of r: a band never claims more than the runs show.
 The median tokens to divergence is the smallest d with S(d + 1) <= 0.5, in the units of
-`first_divergence` (the index of the first token that differs); NaN when fewer than half depart.
+`first_divergence` (the index of the first token that differs); NaN when the curve never falls to
+one half. "<= 0.5" is judged with a tolerance of HALF_TOLERANCE: a product of factors such as
+0.7 * (5 / 7) comes out as 0.5000000000000001 in floating point, and the median must not jump to
+the next departure for that. `departed_by_median` counts the runs that had departed by then: with
+runs that ended early (censored) it can be fewer than half of them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import pandas as pd
 from harness.analysis.metrics import keys_of, setting_ids
 
 CURVE_COLUMNS = ["tokens", "at_risk", "departed", "censored", "identical", "low", "high"]
+#: S(t) this close above one half counts as one half (floating-point products of exact fractions)
+HALF_TOLERANCE = 1e-9
 Z95 = 1.959963984540054
 
 
@@ -82,16 +88,21 @@ def curves(compared: pd.DataFrame) -> pd.DataFrame:
 
 
 def medians(curve_frame: pd.DataFrame) -> pd.DataFrame:
-    """Per setting of `curves`: runs, runs that departed, and the median tokens to divergence."""
+    """Per setting of `curves`: runs, runs that departed, the median tokens to divergence and the runs
+    that had departed by it."""
     keys = [c for c in curve_frame.columns if c not in CURVE_COLUMNS]
-    columns = keys + ["runs", "departed", "median_tokens_to_divergence"]
+    columns = keys + ["runs", "departed", "median_tokens_to_divergence", "departed_by_median"]
     if curve_frame.empty:
         return pd.DataFrame(columns=columns)
     group = curve_frame.groupby(keys, dropna=False, sort=False, observed=True).ngroup()
     by = curve_frame.groupby(group, sort=False)
     first = curve_frame[~group.duplicated()].set_index(group[~group.duplicated()])
-    below = curve_frame[curve_frame["identical"] <= 0.5]
-    median = below.groupby(group[below.index], sort=False)["tokens"].first() - 1
+    so_far = by["departed"].cumsum()
+    below = curve_frame[curve_frame["identical"] <= 0.5 + HALF_TOLERANCE]
+    at = below.groupby(group[below.index], sort=False).head(1)
+    median = pd.Series(at["tokens"].to_numpy() - 1, index=group[at.index].to_numpy())
+    by_then = pd.Series(so_far[at.index].to_numpy(), index=median.index)
     return pd.DataFrame({**{k: first[k] for k in keys}, "runs": first["at_risk"], "departed": by["departed"].sum(),
-                         "median_tokens_to_divergence": median.reindex(first.index).astype(float)})[columns] \
+                         "median_tokens_to_divergence": median.reindex(first.index).astype(float),
+                         "departed_by_median": by_then.reindex(first.index).astype(float)})[columns] \
         .reset_index(drop=True)

@@ -107,12 +107,14 @@ def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -
                f"{compared - diverged}/{compared} runs identical to the reference"
         if diverged:
             text += f", first divergence at token {int(rec['first_divergence_min'])} at the earliest"
-            median = rec.get("median_tokens_to_divergence")
-            if not pd.isna(median) and 2 * diverged >= compared:
-                text += f", half departed by token {int(median)}"
-            elif not pd.isna(median):  # the curve's median counts only runs still going that far
-                text += (f", Kaplan-Meier median {int(median)} tokens among the runs still going that far "
-                         f"(fewer than half departed)")
+            median, by_then = rec.get("median_tokens_to_divergence"), rec.get("departed_by_median")
+            if not pd.isna(median):  # said from the runs that had departed by the median, not from all that did
+                gone = diverged if by_then is None or pd.isna(by_then) else int(by_then)
+                if 2 * gone >= compared:
+                    text += f", half departed by token {int(median)} ({gone}/{compared})"
+                else:  # the curve's median counts only runs still going that far
+                    text += (f", Kaplan-Meier median {int(median)} tokens among the runs still going that far "
+                             f"({gone}/{compared} had departed by then; runs that ended sooner leave the count)")
         bound, pooled = rec["upper95_prompts"], rec["upper95_pooled"]
         if pd.isna(bound):
             text += (f"; no bound with prompts as the unit from {int(rec['prompts'])} prompt "
