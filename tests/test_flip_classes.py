@@ -4,6 +4,8 @@ those numbers, and the summary, the settings table, the gate and the report must
 
 from __future__ import annotations
 
+import math
+
 import json
 from math import comb
 
@@ -138,16 +140,48 @@ def test_gate_rules_on_confident_flips_and_guarantees(graded, tmp_path):
     assert "same_tokens (wants bitwise" in failed["bitwise at 4"].get("message")
 
 
-def test_within_noise_needs_a_reference_that_departs_as_often(tmp_path):
+def test_a_setting_is_within_noise_only_when_shown_within_the_margin(tmp_path):
     plan = {1: {("p1", 2): _departing(3)}, 2: {("p1", 1): _departing(3)}}
     folder = _folder(tmp_path / "noisy", plan, {}, answers={(1, "p1", 2): "y", (2, "p1", 1): "y"})
     settings = Analysis(open_results(folder.root)).by_setting.set_index("batch_size")
-    # batch 2: 1 of 8 runs departs; batch 1's own repeats (6 besides the two reference runs): 1 of 6
-    p = 1 - comb(8, 0) * comb(6, 2) / comb(14, 2)
-    assert settings.loc[2, "guarantee"] == "within_noise"
-    assert settings.loc[2, "guarantee_bound"] == pytest.approx(p)
+    # batch 2: 1 of 8 runs departs; batch 1's own repeats (6 besides the two reference runs): 1 of 6. Not
+    # shown different, but not shown equivalent either: 8 and 6 runs cannot bound the excess to 10 points
+    assert settings.loc[2, "guarantee"] == "undecided"
+    assert (settings.loc[2, "floor_compared"], settings.loc[2, "floor_diverged"]) == (6, 1)
+    assert "cannot decide" in settings.loc[2, "guarantee_evidence"]
     assert settings.loc[1, "guarantee"] == "diverges"  # the floor itself is never within its own noise
     assert guarantees.fisher_greater(5, 8, 0, 6) < guarantees.ALPHA  # 5 of 8 against 0 of 6 is beyond it
+    # issue 43: 20 of 20 departing against a floor of 1 in 2 was "within noise" by failing to reject
+    assert guarantees.noise_class(20, 20, 1, 2)[0] == "undecided"
+    assert guarantees.noise_class(5, 8, 0, 6)[0] == "diverges"  # a floor that never departs has no noise
+    beyond = guarantees.noise_class(8, 8, 1, 12)
+    assert beyond[0] == "diverges" and "Fisher p" in beyond[1]
+    # the rule's own margin: 1 of 8 against 1 of 6 is bounded to 27 points, within 0.5 and not within 0.1
+    rules = tmp_path / "rules.yaml"
+    for margin, code in ((0.5, 0), (None, 1)):
+        rule = {"name": "noise", "where": {"batch_size": 2}, "guarantee": "within_noise"}
+        rules.write_text(yaml.safe_dump({"expect": [rule | ({"noise_margin": margin} if margin else {})]}))
+        done = run_harness("check", str(folder.root), "--expect", str(rules))
+        assert done.returncode == code, done.stdout + done.stderr
+        assert margin or "undecided (wants within_noise or stronger)" in " ".join(done.stdout.split())
+
+
+def test_the_excess_bound_is_newcombes_computed_by_hand():
+    """2 of 100 against 3 of 100: Wilson limits at z = 1.6449 by hand, then Newcombe's upper bound."""
+    z = 1.6448536269514722
+
+    def wilson(d, n):
+        p = d / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return centre - half, centre + half
+
+    (_, high1), (low0, _) = wilson(2, 100), wilson(3, 100)
+    by_hand = 0.02 - 0.03 + math.sqrt((high1 - 0.02) ** 2 + (0.03 - low0) ** 2)
+    assert guarantees.excess_bound(2, 100, 3, 100) == pytest.approx(by_hand, rel=1e-12)
+    found, evidence, bound = guarantees.noise_class(2, 100, 3, 100)
+    assert found == "within_noise" and bound == pytest.approx(by_hand) and "power at equal rates" in evidence
+    assert guarantees.noise_class(2, 100, 3, 100, margin=0.02)[0] == "undecided"  # a tighter margin: not shown
 
 
 def test_sampled_and_unrecorded_departures_are_not_given_a_margin_class():

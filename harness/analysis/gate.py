@@ -146,7 +146,7 @@ def _judge_settings(rule: Expectation, settings: Callable[[], pd.DataFrame],
     """The per-setting rules: guarantee classes (harness.analysis.guarantees) and confident flips
     (harness.analysis.flips), on the settings the rule's `where` selects; read only when asked."""
     from harness.analysis import flips as flips_module
-    from harness.analysis.guarantees import holds
+    from harness.analysis.guarantees import NOISE_MARGIN, holds_with_margin
 
     problems: list[str] = []
     judged: dict[str, int] = {}
@@ -154,10 +154,12 @@ def _judge_settings(rule: Expectation, settings: Callable[[], pd.DataFrame],
         chosen = _where(settings(), rule.where)
         chosen = chosen[chosen["compared"] > 0]
         judged["guarantee"] = len(chosen)
+        margin = NOISE_MARGIN if rule.noise_margin is None else rule.noise_margin
         for r in chosen.to_dict("records"):
-            if not holds(r["guarantee"], rule.guarantee):
-                problems.append(f"{_setting_of(r, chosen)}: {r['guarantee']} (wants {rule.guarantee} or stronger): "
-                                f"{r['guarantee_evidence']}")
+            kept, found = holds_with_margin(r, rule.guarantee, margin)
+            if not kept:
+                cls, _, evidence = found.partition(": ")
+                problems.append(f"{_setting_of(r, chosen)}: {cls} (wants {rule.guarantee} or stronger): {evidence}")
     if rule.confident_flips_max is not None:
         table = settings()
         chosen = _where(table, rule.where)

@@ -112,7 +112,7 @@ CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "diverg
               "logprobs_identical_min", "slowdown_max", "status", "accuracy_drop_max", "answer_agreement_min",
               "confident_flips_max", "guarantee")
 #: guarantee classes, strongest first (harness.analysis.guarantees, which reads them from here)
-GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "diverges")
+GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "undecided", "diverges")
 
 
 class Expectation(Strict):
@@ -148,7 +148,10 @@ class Expectation(Strict):
         None, gt=0, description="the margin (nats) confident_flips_max counts from; default: the analysis's (2.0)")
     guarantee: Literal[GUARANTEES] | None = Field(  # type: ignore[valid-type]
         None, description="every selected setting keeps at least this class: bitwise, same_tokens, same_answers, "
-        "within_noise or diverges (strongest first)")
+        "within_noise, undecided or diverges (strongest first)")
+    noise_margin: float | None = Field(
+        None, gt=0, lt=1, description="for guarantee: within_noise, how much more often than the reference "
+        "setting's own repeats a setting may depart (a share of runs; default 0.10), shown with 95% confidence")
     scope: Literal["all", "same_boot", "cross_boot"] = Field(
         "all", description="which compared runs the token rules (unique_outputs, match_rate_min, divergence_*) read: "
         "all, those compared with a reference run of their own engine load (same_boot), or of another load "
