@@ -61,8 +61,10 @@ def test_every_chart_has_one_series_per_setting_with_distinct_labels(tmp_path):
         per = frame.groupby(["series", "batch_size"]).size()
         expected = {"identical": len(cells), "slowdown": len(cells) // 2}.get(name, len(departing))
         assert len(per) == expected, (name, len(per), expected)
-        labels = frame.drop_duplicates(["series", "batch_size"])
-        assert not labels.duplicated(["series", "batch_size"]).any(), name
+        # no two settings share a label: each label stands for one setting at each batch size it shows
+        # (this replaces an assertion on a frame without duplicates that could never fail)
+        labels = frame.groupby("series")["batch_size"].nunique()
+        assert (labels == frame["batch_size"].nunique()).all() and len(labels) * labels.max() == expected, name
     # a label names every setting: the 64 settings apart from batch size read as 64 distinct labels
     assert charts["identical"]["series"].nunique() == 64
     assert charts["slowdown"]["series"].nunique() == 32  # batch-invariant mode is what a slowdown compares

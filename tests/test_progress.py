@@ -54,3 +54,20 @@ def test_a_spare_prepares_pandas_and_the_engine_modules_but_no_engine_library():
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert {"pandas", "pyarrow", "pydantic"} <= loaded
     assert not loaded & {"llama_cpp", "vllm", "torch", "openai", "transformers"}, loaded & {"llama_cpp", "vllm", "torch"}
+
+
+def test_plain_progress_lines_stay_under_80_columns_at_ordinary_sizes():
+    import io
+
+    from rich.console import Console
+
+    from harness.report.progress import PlainReporter
+
+    reporter = PlainReporter(Console(file=io.StringIO(), width=200), show_progress=False)
+    reporter.start(1200, 24)
+    reporter.advance(1150)
+    reporter.cells_done = 23
+    assert len(reporter.line()) <= 80
+    line = reporter.cell_line("7104b27a687d", "unsupported")
+    assert line.startswith("cell 7104b27a687d unsupported; 23/24 cells, 1150/1200 gen., 0:00:00, eta ")
+    assert len(line) <= 80, (len(line), line)

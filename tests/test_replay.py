@@ -77,3 +77,13 @@ def test_engines_that_cannot_force_tokens_are_refused_with_the_reason(folder):
     # (vLLM forces tokens through a logits processor: tests/test_vllm_engine.py replays with it)
     refused = run_harness("replay", str(folder), "--engine", "llama-server")
     assert "not replayed" in refused.stdout and "a server picks its own tokens" in refused.stdout
+
+
+def test_a_batch_size_without_fillers_is_refused_with_the_reason_not_a_traceback(tmp_path):
+    root = run_experiment(tmp_path, "name: lone\nprompts: [{id: a, text: hello}]\nrepeats: 1\nmax_tokens: 4\n"
+                                    "matrix: {model: [smollm2-135m], engine: [llamacpp]}\n").root
+    done = run_harness("replay", str(root), "--batch-size", "4")
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "not replayed" in said and "--batch-size 4 composes batches from the experiment's fillers" in said
+    assert run_harness("replay", str(root), "--batch-size", "1").returncode == 0  # alone needs no filler

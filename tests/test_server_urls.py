@@ -147,8 +147,8 @@ matrix:
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     progress = [l for l in lines if l.startswith("progress: ")]
-    cells = [l for l in lines if re.match(r"cell [0-9a-f]{12} ok; \d+/\d+ generations, \d/4 cells", l)]
+    cells = [l for l in lines if re.match(r"cell [0-9a-f]{12} ok; \d/4 cells, \d+/\d+ gen\., ", l)]
     assert progress and progress[0].startswith("progress: 0/16 generations, 0/4 cells")
-    assert len(cells) == 4 and cells[-1].startswith("cell ") and "16/16 generations, 4/4 cells" in cells[-1]
+    assert len(cells) == 4 and cells[-1].startswith("cell ") and "4/4 cells, 16/16 gen." in cells[-1]
     assert all(len(l) <= 80 for l in progress + cells)
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", done.stdout)  # no control characters: no bar redrawn

@@ -127,6 +127,9 @@ def replay(results: Results, engine: str | None = None, dtype: str | None = None
             continue
         cell, loaded = cells[cell_id]
         why = None if any_device else misplaced(devices.unique(), here)
+        if why is None and batch_size is not None and batch_size > 1 and not loaded.prompt_set.fillers:
+            why = (f"--batch-size {batch_size} composes batches from the experiment's fillers, and "
+                   f"'{loaded.experiment.name}' has none (give fillers, or replay each run in its own batch)")
         if why is not None:
             refused.append(f"cell {cell_id}: {why}")
             continue
