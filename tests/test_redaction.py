@@ -70,3 +70,40 @@ def test_url_credentials_and_a_bearer_key_are_one_or_the_other(tmp_path):
     with pytest.raises(ConfigError, match="give one of them") as err:
         load_experiment(tmp_path / "exp.yaml", model_files=False)
     assert "s3cret" not in str(err.value) and "exp.yaml:5" in str(err.value)
+
+
+def test_no_field_of_the_experiment_keeps_a_secret_and_entries_still_select_what_they_name(write, tmp_path):
+    import pandas as pd
+
+    from harness.analysis.gate import _where
+
+    write("prompts.yaml", PROMPTS)
+    secret = "http://u:S3CRET1@127.0.0.1:1/v1"
+    text = f"""
+name: s
+prompts: prompts.yaml
+matrix:
+  model: [smollm2-135m]
+  engine: [openai]
+  batch_size: [1, 4]
+  openai.base_url: ['{secret}', 'http://127.0.0.1:2/v1']
+engine_options: {{openai: {{served_model: m, base_url: 'http://127.0.0.1:9/v1'}}}}
+include: [{{openai.base_url: 'http://u:S3CRET2@127.0.0.1:3/v1', batch_size: 2}}]
+exclude: [{{openai.base_url: '{secret}', batch_size: 4}}]
+expect: [{{name: r, where: {{openai.base_url: '{secret}'}}, status: ok}}]
+cluster: {{setup: ['export HF_TOKEN=hf_S3CRET3']}}
+"""
+    live = load_experiment(write("exp.yaml", text))
+    cells = expand(live)
+    assert len(cells) == 4  # 2 x 2, less the excluded one, plus the included one
+    folder = ResultsFolder(tmp_path / "out")
+    folder.adopt(live)
+    for stored in (folder.manifest_path, tmp_path / "out" / "experiment.yaml"):
+        assert "S3CRET" not in stored.read_text(), stored
+    # rebuilt from the snapshot (no credential in it), the exclusion still removes the cell it named
+    assert sorted(c.id for c in folder.current_cells()) == sorted(c.id for c in cells)
+    # and a rule's `where` selects the rows it names: rows hold the redacted value only
+    rows = pd.DataFrame({"openai.base_url": [c["openai.base_url"] for c in cells], "cell": [c.id for c in cells]})
+    assert "S3CRET1" not in " ".join(rows["openai.base_url"])
+    chosen = _where(rows, live.experiment.expect[0].where)
+    assert len(chosen) == 1 and chosen["openai.base_url"].iloc[0] == f"http://{REDACTED}@127.0.0.1:1/v1"

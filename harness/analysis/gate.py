@@ -11,6 +11,7 @@ import pandas as pd
 
 from harness.analysis.metrics import keys_of, select_setting
 from harness.core.errors import HarnessError
+from harness.core.redaction import redact
 from harness.experiment.varying import varying
 from harness.experiment.config import CONDITIONS, Expectation
 
@@ -23,10 +24,11 @@ class Verdict:
 
 
 def _where(frame: pd.DataFrame, where: dict[str, Any]) -> pd.DataFrame:
-    """The records a rule's `where` selects; a key the records lack selects none of them."""
+    """The records a rule's `where` selects; a key the records lack selects none of them. A value is
+    matched as written and as rows store it (a credential in it redacted: the rows hold no other form)."""
     mask = pd.Series(True, index=frame.index)
     for key, value in where.items():
-        mask &= (frame[key] == value) if key in frame else False
+        mask &= (frame[key] == value) | (frame[key] == redact(value, key)) if key in frame else False
     return frame[mask]
 
 

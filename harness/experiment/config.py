@@ -398,14 +398,19 @@ def load_snapshot(snapshot: dict[str, Any], base: Path, where: Path) -> LoadedEx
     return _load(yamlsrc.Source(where, snapshot, {}), base)
 
 
+#: the experiment's fields kept in its snapshot as written: the inputs of the runs, and its name
+_NOT_REDACTED = ("name", "prompts", "fillers")
+
+
 def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
     inline = dict(data)
     inline["prompts"] = [p.as_data() for p in prompt_set.prompts]
     inline["fillers"] = [f.text for f in prompt_set.fillers]
     inline.pop("parse", None)  # each prompt carries its own rule now
-    for key in ("engine_options", "matrix", "include"):  # the snapshot is stored (manifest, experiment.yaml):
-        if key in inline:  # no credentials, swept engine options included
-            inline[key] = redact(inline[key])
+    # the snapshot is stored (manifest, experiment.yaml): one redaction pass over every field but the
+    # prompts and fillers (the text the runs were given), so that no credential is kept anywhere a file
+    # can hold one (options, swept options, include, exclude, rules' `where`, environments, cluster)
+    inline = {key: value if key in _NOT_REDACTED else redact(value) for key, value in inline.items()}
     cluster = inline.get("cluster")
     if isinstance(cluster, dict) and isinstance(cluster.get("setup"), list):  # `export HF_TOKEN=...` lines
         inline["cluster"] = cluster | {"setup": [redact_text(str(line)) for line in cluster["setup"]]}

@@ -72,7 +72,9 @@ class Group:
 
 
 def _matches(settings: dict[str, Any], entry: dict[str, Any]) -> bool:
-    return all(settings[k] == v for k, v in entry.items())
+    """Whether an include/exclude entry names these settings, as written or as stored (redacted: an
+    experiment rebuilt from its snapshot holds both its matrix and its entries without credentials)."""
+    return all(settings[k] == v or redact(settings[k], k) == redact(v, k) for k, v in entry.items())
 
 
 def _include_settings(matrix: Matrix, options: dict[str, list[str]], entry: dict[str, Any], index: int) -> dict[str, Any]:
