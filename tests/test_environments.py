@@ -97,3 +97,11 @@ def test_two_environments_run_apart_and_are_compared_when_asked(tmp_path):
     assert scored.returncode == 0, scored.stderr
     verdicts = json.loads(scored.stdout)
     assert verdicts and all(v["verdict"] == "within A's noise" for v in verdicts)
+    # runs of environment b are re-read by b's own engine, or refused: this interpreter's would stand in
+    replayed = run_harness("replay", str(store.root), "--where", "environment=b")
+    said = " ".join(replayed.stdout.split())
+    assert replayed.returncode == 0 and "not replayed" in said and f"the runs ran under {other}" in said, said
+    flipped = ["--a-where", "environment=b", "--b-where", "environment=current", "--ignore", "environment"]
+    refused = json.loads(run_harness("compare", str(store.root), str(store.root), *flipped, "--score", "-f",
+                                     "json").stdout)
+    assert refused and all("not scored" in v["verdict"] and "another environment" in v["verdict"] for v in refused)

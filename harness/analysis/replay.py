@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.analysis.rescore import (PlacedEngine, deltas, misplaced, read_side, run_stats, scorer_spec,
+from harness.analysis.rescore import (PlacedEngine, deltas, foreign, misplaced, read_side, run_stats, scorer_spec,
                                       scoring_machine, side_path)
 from harness.experiment.matrix import digest, expand
 from harness.experiment.prompts import Batch, compose_batch
@@ -54,7 +54,7 @@ SCHEMA = pa.schema([
     ("replay_argmax", pa.list_(pa.int32())), ("replayer", pa.string()), ("replay_id", pa.string()),
 ])
 ROW_COLUMNS = ["cell_id", "prompt_id", "repeat", "status", "output_hash", "n_tokens", "context_tokens",
-               "filler_tokens", "filler_ids", "batch_position", "batch_size", "device"]
+               "filler_tokens", "filler_ids", "batch_position", "batch_size", "device", "python_executable"]
 RUN_COLUMNS = ["steps", "mean_abs_delta", "max_abs_delta", "k3_kl", "would_split_steps", "first_would_split"]
 SUMMARY_COLUMNS = ["runs", "steps", "mean_abs_delta", "max_abs_delta", "k3_kl", "would_split_runs",
                    "would_split_steps", "first_would_split"]
@@ -122,11 +122,12 @@ def replay(results: Results, engine: str | None = None, dtype: str | None = None
     cells = {c.id: (c, loaded) for loaded in results.experiments for c in expand(loaded)}
     jobs: dict[str, tuple[Any, Any, list[str]]] = {}
     refused: list[str] = []
-    for cell_id, devices in ok.groupby("cell_id", sort=False)["device"]:
+    for cell_id, part in ok.groupby("cell_id", sort=False):
         if cell_id not in cells:
             continue
         cell, loaded = cells[cell_id]
-        why = None if any_device else misplaced(devices.unique(), here)
+        why = foreign(part["python_executable"].unique(), here) or (
+            None if any_device else misplaced(part["device"].unique(), here))
         if why is None and batch_size is not None and batch_size > 1 and not loaded.prompt_set.fillers:
             why = (f"--batch-size {batch_size} composes batches from the experiment's fillers, and "
                    f"'{loaded.experiment.name}' has none (give fillers, or replay each run in its own batch)")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -56,12 +57,32 @@ RUN_COLUMNS = ["runs", "tokens", "mean_abs_delta", "max_abs_delta", "k3_kl", "sh
 
 
 def scoring_machine() -> dict[str, str]:
-    """Where a scorer loaded in this process computes: the host and its GPUs (or 'cpu')."""
+    """Where a scorer loaded in this process computes: the host, its GPUs (or 'cpu'), and the
+    interpreter whose engine libraries it loads (scorer and replayer ids name it)."""
     import socket
 
     from harness.results.provenance import detect_gpus
 
-    return {"host": socket.gethostname(), "device": ", ".join(g.get("name", "") for g in detect_gpus()) or "cpu"}
+    return {"host": socket.gethostname(), "device": ", ".join(g.get("name", "") for g in detect_gpus()) or "cpu",
+            "python": sys.executable}
+
+
+def _environment(path: str) -> Path:
+    """What tells one Python environment from another: the folder of its interpreter (not resolved:
+    two venvs link to one base interpreter)."""
+    return Path(os.path.abspath(path)).parent
+
+
+def foreign(pythons: Any, here: dict[str, str]) -> str | None:
+    """Why runs made under the interpreters `pythons` (the rows' `python_executable`) may not be re-read
+    by this process's engine (another environment: another engine build, other libraries); None when
+    they were made under this one's, or the rows do not say."""
+    mine = _environment(here["python"])
+    other = sorted({str(p) for p in pythons if isinstance(p, str) and p and _environment(p) != mine})
+    if not other:
+        return None
+    return (f"the runs ran under {', '.join(other)} (another environment); this command runs under {here['python']}, "
+            f"whose engine would stand in for theirs. Run it with that interpreter: {other[0]} -m harness ...")
 
 
 def misplaced(devices: Any, here: dict[str, str]) -> str | None:
@@ -142,7 +163,7 @@ class Scorer(PlacedEngine):
 def scorable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
     """The folder's ok runs that can be scored (a shared context is not stored: those are left out, said)."""
     rows = results.read_rows(columns=["cell_id", "prompt_id", "repeat", "status", "output_hash", "context_tokens",
-                                      "device"])
+                                      "device", "python_executable"])
     ok = rows[rows["status"] == "ok"]
     shared = ok["context_tokens"].fillna(0) > 0
     if shared.any():
@@ -165,10 +186,11 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
     cells = {c.id: (c, loaded) for loaded in results.experiments for c in expand(loaded)}
     by_scorer: dict[str, tuple[Any, Any, list[str]]] = {}
     written, refused = [], []
-    for cell_id, devices in ok.groupby("cell_id", sort=False)["device"]:
+    for cell_id, part in ok.groupby("cell_id", sort=False):
         if cell_id in cells and (cell_ids is None or cell_id in cell_ids):
             cell, loaded = cells[cell_id]
-            why = None if any_device else misplaced(devices.unique(), here)
+            why = foreign(part["python_executable"].unique(), here) or (
+                None if any_device else misplaced(part["device"].unique(), here))
             if why is not None:
                 refused.append(f"cell {cell_id}: {why}")
                 continue
