@@ -55,6 +55,9 @@ def test_launched_server_rows_with_server_token_ids(write, tmp_path):
         assert 0 < row.n_tokens == len(row.token_ids) == len(row.margins) - (row.finish_reason == "stop")
     greedy = served[served.batch_size == 1].groupby("prompt_id").output_hash.nunique()
     assert greedy.max() == 1
+    # the model names a file here: its sha256 is the rows' identity, the same as llama.cpp's rows of it
+    assert set(served.model_sha256) == set(rows[rows.engine != "openai"].model_sha256)
+    assert len(served.model_sha256.iloc[0]) == 64
     left = subprocess.run(["pgrep", "-f", "llama-server .*--port"], capture_output=True, text=True).stdout
     assert not left.strip()  # the launched server was stopped
 

@@ -7,6 +7,7 @@ here from the stored replay and the rows."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -87,3 +88,22 @@ def test_a_batch_size_without_fillers_is_refused_with_the_reason_not_a_traceback
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "not replayed" in said and "--batch-size 4 composes batches from the experiment's fillers" in said
     assert run_harness("replay", str(root), "--batch-size", "1").returncode == 0  # alone needs no filler
+
+
+def test_a_replayer_sees_the_gpus_its_setting_may_use_and_the_probe_cache_names_them(monkeypatch, tmp_path):
+    """`gpu: cpu` runs re-read on a GPU node see no GPU, as their worker did (a CUDA build would compute
+    on one); and the kernel probe's cached answer is kept per set of visible GPUs."""
+    from harness.analysis.rescore import PlacedEngine
+    from harness.engines.base import LoadSpec
+    from harness.engines.llamacpp import LlamaCppEngine
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1")
+    spec = LoadSpec("llamacpp", "smollm2-135m", "auto", "cpu", False, {"n_threads": 2})
+    with PlacedEngine(spec, None, lambda _: None) as placed:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and placed.engine.n_gpu_layers == 0
+    keys = set()
+    for visible in ("", "GPU-1", "GPU-2"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        keys.add(LlamaCppEngine.kernel_choice("off", tmp_path / "m.gguf", "abc", "CPU : AVX2 = 1 |", 2,
+                                              lambda _: None)[2])
+    assert len(keys) == 3

@@ -132,7 +132,13 @@ class PlacedEngine:
         return None if why is None else f"{self.label}: {why}"
 
     def __enter__(self) -> PlacedEngine:
-        os.environ.update(self.cls.environment(self.spec))  # before the engine's library is imported
+        from harness.results.provenance import detect_gpus
+        from harness.run.enforced import device_environment
+
+        # before the engine's library is imported: its variables, and the GPUs the setting may see, as
+        # a run's worker has them (gpu: cpu sees none: a CUDA build would otherwise compute on one)
+        tp = int(self.spec.options.get("tensor_parallel_size") or 1)
+        os.environ.update(self.cls.environment(self.spec) | device_environment(self.spec.gpu, detect_gpus(), tp))
         self.engine = self.cls(self.spec, self.log, self.base)
         facts = self.engine.describe()
         build = {k: v for k, v in facts.items() if k in ("engine_version", "model_sha256", "engine_info", "build_sha256",

@@ -220,7 +220,7 @@ class LlamaServerEngine(Engine):
         self.build_sha256 = build_sha256(Path(self.binary))
         probe = _server_probe(self.binary, self.model_path, self.opts.n_threads, self.opts.startup_timeout_s)
         key = cpu_kernels.cache_key("llama-server", self.binary, self.server_version, self.build_sha256,
-                                    self.model_sha256)
+                                    self.model_sha256, os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
         self.extra = cpu_kernels.choose(self.opts.extra_bufts, cpu_kernels.cpu_reports_amx(), probe, models.cache_dir(),
                                         key, log)
         if self.extra.warning:

@@ -225,7 +225,9 @@ class LlamaCppEngine(Engine):
         """The extra-buffer choice for a load of `model` (what a run and doctor both ask), with the
         probe behind it and the key its answers are kept under (host, this build, the model file)."""
         probe = cpu_kernels.probe_child(model, threads)
-        key = cpu_kernels.cache_key("llama-cpp-python", metadata.version("llama-cpp-python"), system_info, model_sha256)
+        # the GPUs the process may see are part of the key: the same build answers for another device set
+        key = cpu_kernels.cache_key("llama-cpp-python", metadata.version("llama-cpp-python"), system_info, model_sha256,
+                                    os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
         amx = cpu_kernels.has_amx(system_info) or cpu_kernels.cpu_reports_amx()
         return cpu_kernels.choose(option, amx, probe, models.cache_dir(), key, log), probe, key
 

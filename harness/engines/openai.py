@@ -261,7 +261,16 @@ class OpenAIEngine(Engine):
             pass
         return {"engine_version": f"openai-compatible {version}".strip(), "url": redact_url(self.url),
                 "api_root": redact_url(self.api),
-                "launched": self.server is not None}
+                "launched": self.server is not None,
+                "model_sha256": self._model_identity(),
+                "chat_template": "the server's own (not seen by the harness)"}
+
+    def _model_identity(self) -> str:
+        """The GGUF's sha256 where the model names a file here; else the served name, said to be unverified."""
+        try:
+            return models.file_sha256(models.resolve_gguf(self.spec.model, self._base))
+        except Exception:  # noqa: BLE001 - a name only the server knows
+            return f"unverified served model:{self.served_model}"
 
     def close(self) -> None:
         if self.server is not None:

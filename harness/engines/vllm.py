@@ -478,14 +478,18 @@ def _step_stats(logprobs: list[dict[int, Any]], ids: list[int]) -> tuple[list[fl
 
 
 def _resolve(model: str, base: Path | None, log: Log) -> tuple[str, str]:
-    """A registry name or .gguf -> a Hugging Face export made from it; folders and hub ids pass."""
+    """A registry name or .gguf -> a Hugging Face export made from it; folders and hub ids pass. With the
+    identity of the weights: the GGUF's sha256, the folder's files' (models.folder_identity), or the
+    hub cache's revision (models.hub_identity); never empty, which would pair with anything."""
     if model in models.REGISTRY or model.endswith(".gguf"):
         gguf = models.resolve_gguf(model, base)
         return str(models.hf_export(gguf, log)), models.file_sha256(gguf)
     path = Path(model).expanduser()
     if not path.is_absolute() and base is not None and (base / path).is_dir():
         path = base / path
-    return (str(path.resolve()), "") if path.is_dir() else (model, "")
+    if path.is_dir():
+        return str(path.resolve()), models.folder_identity(path)
+    return model, models.hub_identity(model)
 
 
 ENGINE = VllmEngine

@@ -116,6 +116,31 @@ def file_sha256(path: Path) -> str:
     return digest
 
 
+def folder_identity(folder: Path) -> str:
+    """A model folder's identity (a Hugging Face folder: config, tokenizer, weights): the sha256 of
+    every file's relative path and sha256, named as such ('files-sha256:...'). Each file is hashed
+    once (file_sha256 remembers it), so a re-run costs a stat per file."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not any(
+            part.startswith(".") for part in p.relative_to(folder).parts)):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{file_sha256(path)}\n".encode())
+    return f"files-sha256:{digest.hexdigest()}"
+
+
+def hub_identity(model: str, environ: dict[str, str] | None = None) -> str:
+    """A Hugging Face hub id's identity: the commit of its cached snapshot ('hf-revision:...'), read
+    from the hub cache's refs (what an offline load uses); where none is cached, the id itself, named
+    unverified: rows of two unverified loads of one id pair, and say that nothing checked the weights."""
+    environ = os.environ if environ is None else environ
+    home = Path(environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    hub = Path(environ.get("HF_HUB_CACHE") or environ.get("HUGGINGFACE_HUB_CACHE") or home / "hub")
+    ref = hub / f"models--{model.replace('/', '--')}" / "refs" / "main"
+    try:
+        return f"hf-revision:{ref.read_text().strip()}"
+    except OSError:
+        return f"unverified hub id:{model}"
+
+
 def gguf_in_dtype(source: Path, dtype: str, log: Log) -> Path:
     """The same weights as `source`, every matrix stored as `dtype`; made once, then cached."""
     if dtype == "auto":
