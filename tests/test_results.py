@@ -610,3 +610,15 @@ def test_every_engine_names_the_weights_it_ran_never_an_empty_identity(tmp_path,
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     assert vllm._resolve("org/m", None, print) == ("org/m", "hf-revision:0123abc")
     assert vllm._resolve("org/other", None, print)[1] == "unverified hub id:org/other"
+    # a snapshot of the hub cache links its files to blobs named by their hashes: those names are read
+    blobs = tmp_path / "hf-home" / "hub" / "models--org--m" / "blobs"
+    blobs.mkdir()
+    sha = "a" * 64
+    (blobs / sha).write_bytes(b"big weights")
+    snap = tmp_path / "hf-home" / "hub" / "models--org--m" / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").symlink_to(blobs / sha)
+    import hashlib as _hashlib
+
+    expected = _hashlib.sha256(f"model.safetensors\0{sha}\n".encode()).hexdigest()
+    assert vllm._resolve(str(snap), None, print)[1] == f"files-sha256:{expected}"

@@ -123,8 +123,18 @@ def folder_identity(folder: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not any(
             part.startswith(".") for part in p.relative_to(folder).parts)):
-        digest.update(f"{path.relative_to(folder).as_posix()}\0{file_sha256(path)}\n".encode())
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{_content_id(path)}\n".encode())
     return f"files-sha256:{digest.hexdigest()}"
+
+
+def _content_id(path: Path) -> str:
+    """A file's content hash: the name of the hub-cache blob it links to, where it is one (the hub names
+    blobs by their sha256, or git's sha1 for small files: no need to read 100 GB of weights), else its sha256."""
+    target = path.resolve()
+    hexadecimal = all(c in "0123456789abcdef" for c in target.name)
+    if target.parent.name == "blobs" and len(target.name) in (40, 64) and hexadecimal:
+        return target.name
+    return file_sha256(path)
 
 
 def hub_identity(model: str, environ: dict[str, str] | None = None) -> str:
