@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
+from harness.core.process_end import died_of, how_it_ended
 from harness.models import catalog as models
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
@@ -306,6 +307,28 @@ class LlamaServerEngine(Engine):
                   for i in range(len(prompts))]
         post_concurrently(f"{self.url}/completion", bodies, self.opts.request_timeout_s)
 
+    def _death(self) -> str:
+        """How the server died, in the terms of the in-process engine: the signal, the kernel path this
+        server's own load log shows, and what to try for where its layers computed."""
+        assert self.server is not None
+        code = self.server.proc.returncode
+        number = died_of(code) if code is not None else None
+        if number is None:
+            return f"llama-server exited ({how_it_ended(code) if code is not None else 'unknown'})"
+        if number not in cpu_kernels.CRASH_SIGNALS:
+            return (f"llama-server died of {how_it_ended(code)}: ended from outside (the kernel's out-of-memory "
+                    "killer, a job's limit, or by hand), not by its own code")
+        seen = self.server.own_log()
+        path = cpu_kernels.kernel_path(cpu_kernels.extra_buffers(seen), seen)
+        if gpu_layers(self.spec.gpu, self.opts.n_gpu_layers) != 0 and "CUDA" in seen:
+            tries = ("its layers were on the GPU: run 'harness doctor FILE', keep llama.cpp's last words with "
+                     "extra_args [-v], and check the build's CUDA architectures (docs/gpu-nodes.md)")
+        else:
+            tries = ("try engine_options.llama-server.extra_bufts: off (no AMX or repacked kernels)"
+                     if self.extra.use_extra else "try a llama-server built for a plainer CPU (-DGGML_NATIVE=OFF)")
+        return (f"llama-server died of {how_it_ended(code)} in native code; this server's kernels: {path} "
+                f"(extra_bufts {self.extra.said}); {tries}")
+
     def _erase_slots(self) -> None:
         for slot in range(self.slots):
             post_json(f"{self.url}/slots/{slot}?action=erase", {}, self.opts.request_timeout_s)
@@ -346,7 +369,7 @@ class LlamaServerEngine(Engine):
             sent = post_concurrently(f"{self.url}/completion", bodies, self.opts.request_timeout_s)
         except RuntimeError as exc:
             if not self.server.alive():
-                raise RuntimeError(f"llama-server died: {exc}; log: {self.server.log_tail()}") from None
+                raise RuntimeError(f"{self._death()}: {exc}; log: {self.server.log_tail()}") from None
             raise
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s
         slots = [a.get("id_slot") for a in answers]
