@@ -226,8 +226,12 @@ class LlamaServerEngine(Engine):
                                         key, log)
         if self.extra.warning:
             log(self.extra.warning)
-        # the path a server with these flags computes in, read from a probe server's load log (kept)
-        self.kernel_path = cpu_kernels.probed(models.cache_dir(), key, self.extra.use_extra, probe, log)[1]
+        # the path this load computes in, read from its own first server's load log (with the user's
+        # flags, not a probe's): the servers it starts later differ only in slots and context
+        self._start(1, self.per_slot)
+        assert self.server is not None
+        seen = self.server.own_log()
+        self.kernel_path = cpu_kernels.kernel_path(cpu_kernels.extra_buffers(seen), seen)
 
     def _flags(self) -> list[str]:
         """The server flags that come from the options and axes (not the port, slots or context)."""
@@ -252,7 +256,9 @@ class LlamaServerEngine(Engine):
         port = free_port(self.opts.host)
         args = [
             self.binary, "-m", str(self.model_path), "--host", self.opts.host, "--port", str(port),
-            "--parallel", str(slots), "-c", str(slots * per_slot), *self._flags(),
+            # log verbosity 4: the load log names the buffers and CPU features (what the kernel path is
+            # read from), and a request adds a few lines, not one per token
+            "--parallel", str(slots), "-c", str(slots * per_slot), "-lv", "4", *self._flags(),
         ]
         if self.spec.prefix_caching:  # slot actions (erase, for cold) need a save path
             slots_dir = log_dir() / f"llama-server-slots-{port}"
