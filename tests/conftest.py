@@ -259,3 +259,57 @@ def read_only(path: Path):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+STAND_IN_ENGINE = '''
+"""A stand-in engine (not an inference engine): {why}"""
+import os, signal
+from pathlib import Path
+from harness.engines.base import HONOUR, BatchOutput, Engine, EngineOptions, SequenceOutput
+
+
+class Options(EngineOptions):
+    pass
+
+
+class StandIn(Engine):
+    name = {name!r}
+    Options = Options
+    axes = {{axis: HONOUR for axis in (
+        "model", "engine", "dtype", "gpu", "batch_invariant", "batch_size", "seed", "temperature", "top_p", "top_k",
+        "prefix_cache", "context_tokens", "prefill_chunk", "kv_cache_dtype", "filler_tokens")}}
+{extra}
+    def __init__(self, spec, log, base=None):
+        pass
+{on_load}
+    def generate(self, prompts, target, sampling, observe=None, cache="off", members=False):
+{on_generate}
+        out = SequenceOutput([1, 2], "ab", "length", [0.0, 0.0], [5.0, 5.0], ["a", "b"])
+        return BatchOutput(out, 2, None, None, 0.001, 0.001, 2)
+
+    def describe(self):
+        return {{"engine_version": "{name} 0.1", "model_sha256": "stand-in"}}
+
+    def close(self):
+        pass
+
+
+ENGINE = StandIn
+'''
+
+
+def stand_in_engine(root: Path, name: str, why: str, on_load: str = "", on_generate: str = "",
+                    extra: str = "") -> dict[str, str]:
+    """Install a stand-in engine (named so: it computes nothing) as a plugin under root/site, through the
+    `harness.engines` entry point; the environment that puts it on a child's path. `on_load` and
+    `on_generate` are lines (indented 8) run at the end of __init__ and the start of generate; `extra`
+    is more of the class body (indented 4)."""
+    site = root / "site"
+    module = f"{name}_engine"
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / f"{module}.py").write_text(STAND_IN_ENGINE.format(name=name, why=why, on_load=on_load,
+                                                              on_generate=on_generate, extra=extra))
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-engine\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[harness.engines]\n{name} = {module}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}

@@ -16,7 +16,7 @@ import pytest
 from harness.core import process_end
 from harness.engines.parts import cpu_kernels
 
-from .conftest import row_for, run_harness, synthetic_folder
+from .conftest import row_for, run_harness, stand_in_engine, synthetic_folder
 
 SYSTEM_INFO = ("CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
                "CUDA : ARCHS = 900 | ")
@@ -70,55 +70,15 @@ def test_auto_turns_the_extra_buffers_off_only_when_they_crash_and_off_runs(tmp_
     assert process_end.died_of(128 + 200) is None
 
 
-CRASHING_ENGINE = '''
-"""A stand-in engine (not an inference engine) that dies of a real SIGILL on its first batch of more
-than one sequence, as llama.cpp's AMX kernels do on some CPUs."""
-import os, signal, time
-from harness.engines.base import HONOUR, BatchOutput, Engine, EngineOptions, SequenceOutput
-
-
-class CrashOptions(EngineOptions):
-    pass
-
-
-class CrashingEngine(Engine):
-    name = "crashing"
-    Options = CrashOptions
-    axes = {axis: HONOUR for axis in (
-        "model", "engine", "dtype", "gpu", "batch_invariant", "batch_size", "seed", "temperature", "top_p", "top_k",
-        "prefix_cache", "context_tokens", "prefill_chunk", "kv_cache_dtype", "filler_tokens")}
-
-    @classmethod
-    def crash_hint(cls, spec, signal_name, before=""):
-        return f"a stand-in that crashes on purpose ({signal_name}); try batch_size 1"
-
-    def __init__(self, spec, log, base=None):
-        pass
-
-    def generate(self, prompts, target, sampling, observe=None, cache="off", members=False):
-        if len(prompts) > 1:
-            os.kill(os.getpid(), signal.SIGILL)
-        out = SequenceOutput([1, 2], "ab", "length", [0.0, 0.0], [5.0, 5.0], ["a", "b"])
-        return BatchOutput(out, 2, None, None, 0.001, 0.001, 2)
-
-    def describe(self):
-        return {"engine_version": "crashing 0.1"}
-
-    def close(self):
-        pass
-
-
-ENGINE = CrashingEngine
-'''
 
 
 def test_a_worker_killed_by_sigill_names_the_signal_the_engine_and_what_to_try(tmp_path):
-    site = tmp_path / "site"
-    (site / "crashing_engine-0.1.dist-info").mkdir(parents=True)
-    (site / "crashing_engine.py").write_text(CRASHING_ENGINE)
-    (site / "crashing_engine-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: crashing-engine\n"
-                                                                      "Version: 0.1\n")
-    (site / "crashing_engine-0.1.dist-info" / "entry_points.txt").write_text("[harness.engines]\ncrashing = crashing_engine\n")
+    env = stand_in_engine(
+        tmp_path, "crashing", "it dies of a real SIGILL on its first batch of more than one sequence, as "
+        "llama.cpp's AMX kernels do on some CPUs",
+        on_generate="        if len(prompts) > 1:\n            os.kill(os.getpid(), signal.SIGILL)",
+        extra="    @classmethod\n    def crash_hint(cls, spec, signal_name, before=''):\n"
+              "        return f'a stand-in that crashes on purpose ({signal_name}); try batch_size 1'\n")
     (tmp_path / "exp.yaml").write_text(textwrap.dedent("""
         name: crash
         prompts: [{id: a, text: hello}]
@@ -126,7 +86,6 @@ def test_a_worker_killed_by_sigill_names_the_signal_the_engine_and_what_to_try(t
         max_tokens: 2
         matrix: {model: [m], engine: [crashing], batch_size: [1, 2]}
         """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--progress", "plain"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -9,10 +9,12 @@ say exactly that. Counts are worked out here from the rows' own load ids."""
 from __future__ import annotations
 
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -21,7 +23,8 @@ from harness.core.errors import ConfigError
 from harness.experiment.config import load_experiment
 from harness.results.folder import open_results
 
-from .conftest import PROMPTS, needs_llama, row_for, run_experiment, run_harness, synthetic_folder
+from .conftest import (PROMPTS, needs_llama, row_for, run_experiment, run_harness, stand_in_engine,
+                       synthetic_folder)
 
 
 def _by_hand(rows: pd.DataFrame) -> dict[str, tuple[int, int]]:
@@ -173,66 +176,24 @@ def test_every_boot_keeps_the_repeats_planned_for_it(tmp_path, boots, repeats):
     assert len(loads) == boots and all(len(ids) == 1 for ids in loads) and rows.load_id.nunique() == boots
 
 
-BOOT_CRASH_ENGINE = '''
-"""A stand-in engine (not an inference engine) whose second load dies of SIGKILL: a middle boot that crashes."""
-import os, signal
-from pathlib import Path
-from harness.engines.base import HONOUR, BatchOutput, Engine, EngineOptions, SequenceOutput
-
-
-class Options(EngineOptions):
-    pass
-
-
-class BootCrash(Engine):
-    name = "bootcrash"
-    Options = Options
-    axes = {axis: HONOUR for axis in (
-        "model", "engine", "dtype", "gpu", "batch_invariant", "batch_size", "seed", "temperature", "top_p", "top_k",
-        "prefix_cache", "context_tokens", "prefill_chunk", "kv_cache_dtype", "filler_tokens")}
-
-    def __init__(self, spec, log, base=None):
-        counter = Path(os.environ["BOOT_CRASH_COUNTER"])
-        loads = int(counter.read_text() or 0) + 1 if counter.exists() else 1
-        counter.write_text(str(loads))
-        if loads == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def generate(self, prompts, target, sampling, observe=None, cache="off", members=False):
-        out = SequenceOutput([1, 2], "ab", "length", [0.0, 0.0], [5.0, 5.0], ["a", "b"])
-        return BatchOutput(out, 2, None, None, 0.001, 0.001, 2)
-
-    def describe(self):
-        return {"engine_version": "bootcrash 0.1", "model_sha256": "stand-in"}
-
-    def close(self):
-        pass
-
-
-ENGINE = BootCrash
-'''
 
 
 def test_a_middle_boot_that_crashes_is_said_with_its_boot_and_its_repeats_run_in_the_last(tmp_path):
-    site = tmp_path / "site"
-    (site / "bootcrash-0.1.dist-info").mkdir(parents=True)
-    (site / "bootcrash_engine.py").write_text(BOOT_CRASH_ENGINE)
-    (site / "bootcrash-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bootcrash\nVersion: 0.1\n")
-    (site / "bootcrash-0.1.dist-info" / "entry_points.txt").write_text("[harness.engines]\nbootcrash = bootcrash_engine\n")
+    why = "its second load dies of SIGKILL: a middle boot that crashes"
+    env = stand_in_engine(tmp_path, "bootcrash", why, on_load=(
+        "        counter = Path(os.environ['BOOT_CRASH_COUNTER'])\n"
+        "        loads = int(counter.read_text() or 0) + 1 if counter.exists() else 1\n"
+        "        counter.write_text(str(loads))\n"
+        "        if loads == 2:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"))
     (tmp_path / "exp.yaml").write_text("name: crash\nprompts: [{id: a, text: hello}]\nrepeats: 3\nboots: 3\n"
                                        "max_tokens: 2\nmatrix: {model: [m], engine: [bootcrash]}\n")
-    import os as _os
-    import subprocess as _subprocess
-
-    env = {**_os.environ, "BOOT_CRASH_COUNTER": str(tmp_path / "loads"),
-           "PYTHONPATH": _os.pathsep.join([str(site), _os.environ.get("PYTHONPATH", "")])}
-    done = _subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--progress", "plain"],
-                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    env["BOOT_CRASH_COUNTER"] = str(tmp_path / "loads")
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--progress", "plain"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 0, said
     assert "boot 2 of 3 ended early: engine worker (bootcrash) killed by signal SIGKILL" in said
-    import pyarrow.parquet as pq  # (this process has no stand-in engine to open the folder with)
-
     rows = pq.read_table(tmp_path / "out" / "cells").to_pandas()
     assert set(rows.status) == {"ok"}
     assert {int(r.repeat): int(r.boot) for r in rows.itertuples()} == {0: 0, 1: 2, 2: 2}  # what ran where

@@ -374,7 +374,7 @@ class LlamaServerEngine(Engine):
         try:
             sent = post_concurrently(f"{self.url}/completion", bodies, self.opts.request_timeout_s)
         except RuntimeError as exc:
-            if not self.server.alive():
+            if self.server.died():
                 raise RuntimeError(f"{self._death()}: {exc}; log: {self.server.log_tail()}") from None
             raise
         answers, spans, wall = sent.answers, sent.spans, sent.wall_s

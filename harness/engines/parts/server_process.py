@@ -209,6 +209,15 @@ class ManagedServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def died(self, wait_s: float = 2.0) -> bool:
+        """Whether the server has ended, waiting up to `wait_s` for it: a request that failed as the server
+        died can come back before the process is gone."""
+        try:
+            self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def own_log(self) -> str:
         """What this server wrote to its log so far."""
         try:
