@@ -104,6 +104,11 @@ def test_acceptance_script_runs_its_cpu_subset_without_a_gpu(tmp_path):
     assert (out / "report.html").stat().st_size > 0
     assert 'failures="0"' in (out / "junit.xml").read_text()
     assert "every cell run is done" in done.stdout
+    # the block to paste into an issue, printed and kept
+    summary = (out / "acceptance-summary.md").read_text()
+    assert summary.startswith("```") and summary in done.stdout
+    assert "exit codes: doctor 0, run 0, check 0" in summary and "HARNESS_NATIVE_PRELOAD=auto" in summary
+    assert "rehearsed a run's worker here" in summary and "batch_size=4" in summary
 
 
 @pytest.mark.engine  # imports the real vLLM in a child (seconds)

@@ -87,7 +87,7 @@ matrix:
   engine: [openai]
   batch_size: [1, 4]
   openai.base_url: ['{secret}', 'http://127.0.0.1:2/v1']
-engine_options: {{openai: {{served_model: m, base_url: 'http://127.0.0.1:9/v1'}}}}
+engine_options: {{openai: {{served_model: m, base_url: 'http://u:S3CRET5@127.0.0.1:9/v1'}}}}
 include: [{{openai.base_url: 'http://u:S3CRET2@127.0.0.1:3/v1', batch_size: 2}}]
 exclude: [{{openai.base_url: '{secret}', batch_size: 4}}]
 expect: [{{name: r, where: {{openai.base_url: '{secret}'}}, status: ok}}]
