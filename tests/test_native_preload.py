@@ -93,7 +93,7 @@ def test_processes_that_load_llama_cpp_ask_for_the_preload():
     """Every entry that loads llama.cpp calls ensure before its imports (read from the source)."""
     root = Path(__file__).resolve().parent.parent / "harness"
     for path in ("run/worker.py", "run/rehearsal.py", "engines/parts/kernel_probe.py",
-                 "engines/parts/end_of_generation.py", "cli/__init__.py"):
+                 "engines/parts/child_probe.py", "cli/__init__.py"):
         assert "ensure" in (root / path).read_text(), path
     from harness.cli import _loads_engines_here
 

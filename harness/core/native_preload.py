@@ -180,13 +180,20 @@ def native_packages() -> list[str]:
     return list(dict.fromkeys(out))
 
 
-#: how a worker's log says what was in its process before the engine loaded
+#: how a worker's log says what was in its process before the engine loaded, and its preload
 BEFORE_ENGINE = "harness: native libraries in this process before the engine: "
+_PRELOAD_PART = "; native preload "
 
 
 def before_engine_line(package: str = LLAMA_CPP) -> str:
     """One log line: the native packages in this process and its preload, before `package` loads."""
-    return f"{BEFORE_ENGINE}{', '.join(native_packages()) or 'none'}; native preload {state(package)}"
+    return f"{BEFORE_ENGINE}{', '.join(native_packages()) or 'none'}{_PRELOAD_PART}{state(package)}"
+
+
+def split_before(said: str) -> tuple[str, str]:
+    """(the native packages, the preload state) of what `last_before_engine` read; ('', '') if nothing."""
+    natives, _, preload = said.partition(_PRELOAD_PART)
+    return natives, preload
 
 
 def last_before_engine(log_text: str) -> str:

@@ -48,8 +48,6 @@ from harness.engines.base import (
 INSTALL_CUDA = ('CMAKE_ARGS="-DGGML_CUDA=on -DLLAVA_BUILD=OFF" pip install --force-reinstall --no-cache-dir '
                 '--no-deps llama-cpp-python')
 _PROBE = """
-from harness.core.native_preload import ensure
-ensure()
 import json, llama_cpp as ll
 from importlib import metadata
 info = ll.llama_print_system_info().decode(errors="replace")
@@ -160,7 +158,7 @@ class LlamaCppEngine(Engine):
 
     @classmethod
     def probe(cls, options: dict[str, Any]) -> dict[str, Any]:
-        facts = probe_in_child(_PROBE, timeout_s=60)
+        facts = probe_in_child(_PROBE, timeout_s=60, preload=cls.native_package)
         if "system_info" in facts:
             facts["backends"] = backends(facts["system_info"])
         return facts
@@ -177,7 +175,7 @@ class LlamaCppEngine(Engine):
         extra-buffer advice only for cells whose layers the CPU computes."""
         gpu_build = native_preload.backends(cls.native_package)
         on_gpu = bool(gpu_build) and gpu_layers(spec.gpu, spec.options.get("n_gpu_layers")) != 0
-        natives, _, preload = before.partition("; native preload ")
+        natives, preload = native_preload.split_before(before)
         said = ["llama.cpp died in native code"]
         if gpu_build:
             said += [f"this build has a GPU backend ({', '.join(gpu_build)}) and the cell's layers were meant for the "
@@ -194,7 +192,7 @@ class LlamaCppEngine(Engine):
                             "log, and check that the build's CUDA architectures include this GPU's "
                             "(docs/gpu-nodes.md)")
         if not on_gpu:
-            facts = probe_in_child(_PROBE, timeout_s=60)
+            facts = probe_in_child(_PROBE, timeout_s=60, preload=cls.native_package)
             features = " ".join(cpu_kernels.build_features(facts.get("system_info", ""))) or "unknown"
             chosen = spec.options.get("extra_bufts", "auto")
             tries = ("engine_options.llamacpp.extra_bufts: off (no AMX or repacked kernels)" if chosen != "off" else

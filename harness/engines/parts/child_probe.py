@@ -9,10 +9,15 @@ import sys
 from typing import Any
 
 
-def probe_in_child(code: str, timeout_s: float) -> dict[str, Any]:
-    """Run `code` in a child Python that prints one JSON object; that object, or {'error': why}."""
+def probe_in_child(code: str, timeout_s: float, args: tuple[str, ...] = (),
+                   preload: str | None = None) -> dict[str, Any]:
+    """Run `code` in a child Python (with `args` as sys.argv[1:]) that prints one JSON object; that
+    object, or {'error': why}. `preload`: the package whose GPU backend the child preloads before the
+    code runs (harness.core.native_preload), as every process that loads it must."""
+    if preload:
+        code = f"from harness.core.native_preload import ensure\nensure({preload!r})\n{code}"
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {timeout_s:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

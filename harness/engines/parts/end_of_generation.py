@@ -11,11 +11,11 @@ token at the end, and a cross-engine comparison would show a divergence that is 
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Collection
+
+from harness.core.native_preload import LLAMA_CPP
+from harness.engines.parts.child_probe import probe_in_child
 
 
 def without_end(ids: list[int], pieces: list[str], end_ids: Collection[int] | None,
@@ -31,10 +31,7 @@ def without_end(ids: list[int], pieces: list[str], end_ids: Collection[int] | No
 
 
 _END_IDS = """
-import sys
-from harness.core.native_preload import ensure
-ensure()
-import json, llama_cpp as ll
+import json, sys, llama_cpp as ll
 params = ll.llama_model_default_params()
 params.vocab_only = True
 model = ll.llama_model_load_from_file(sys.argv[1].encode(), params)
@@ -51,13 +48,5 @@ def gguf_end_ids(path: Path | str) -> frozenset[int] | None:
     it (a GPU build of it can crash a process that holds pyarrow, harness.core.native_preload)."""
     if importlib.util.find_spec("llama_cpp") is None:
         return None
-    try:
-        done = subprocess.run([sys.executable, "-c", _END_IDS, str(path)], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [line for line in done.stdout.splitlines() if line.startswith('{"')]
-    try:
-        answer = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
-    except ValueError:
-        return None
+    answer = probe_in_child(_END_IDS, 120, (str(path),), preload=LLAMA_CPP)
     return frozenset(int(t) for t in answer["ids"]) if "ids" in answer else None
