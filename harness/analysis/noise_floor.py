@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.experiment.matrix import expand
 from harness.analysis.metrics import KEY_COLUMNS, keys_of
-from harness.analysis.rescore import Scorer, deltas, foreign, misplaced, scorable, scorer_spec, scoring_machine
+from harness.analysis.rescore import Scorer, deltas, not_here, scorable, scorer_spec, scoring_machine
 from harness.results.folder import Results
 
 PERMUTATIONS = 4000
@@ -103,8 +103,7 @@ def within_noise(a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",),
         left_out = int((~same_text).sum())
         part_b = part_b[same_text]
         scorer = Scorer(scorer_spec(cell.load_spec()), loaded.base, log, here)
-        why = scorer.refusal or foreign(part_a["python_executable"].unique(), here) or (
-            None if any_device else misplaced(part_a["device"].unique(), here))
+        why = scorer.refusal or not_here(part_a, here, any_device)
         if why:
             records.append(setting | {"verdict": f"not scored: {why}", "left_out": left_out})
             continue

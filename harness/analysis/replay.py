@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.analysis.rescore import (PlacedEngine, deltas, foreign, misplaced, read_side, run_stats, scorer_spec,
+from harness.analysis.rescore import (PlacedEngine, deltas, not_here, read_side, run_stats, scorer_spec,
                                       scoring_machine, side_path)
 from harness.experiment.matrix import digest, expand
 from harness.experiment.prompts import Batch, compose_batch
@@ -126,8 +126,7 @@ def replay(results: Results, engine: str | None = None, dtype: str | None = None
         if cell_id not in cells:
             continue
         cell, loaded = cells[cell_id]
-        why = foreign(part["python_executable"].unique(), here) or (
-            None if any_device else misplaced(part["device"].unique(), here))
+        why = not_here(part, here, any_device)
         if why is None and batch_size is not None and batch_size > 1 and not loaded.prompt_set.fillers:
             why = (f"--batch-size {batch_size} composes batches from the experiment's fillers, and "
                    f"'{loaded.experiment.name}' has none (give fillers, or replay each run in its own batch)")

@@ -85,6 +85,14 @@ def foreign(pythons: Any, here: dict[str, str]) -> str | None:
             f"whose engine would stand in for theirs. Run it with that interpreter: {other[0]} -m harness ...")
 
 
+def not_here(runs: pd.DataFrame, here: dict[str, str], any_device: bool = False) -> str | None:
+    """Why this process may not re-read `runs` (rows with `python_executable` and `device`): made in
+    another environment (`foreign`, always), or on a GPU this machine lacks (`misplaced`, unless
+    `any_device`); None where it may. Rescore, replay and compare --score all ask this."""
+    return foreign(runs["python_executable"].unique(), here) or (
+        None if any_device else misplaced(runs["device"].unique(), here))
+
+
 def misplaced(devices: Any, here: dict[str, str]) -> str | None:
     """Why runs that ran on `devices` (the rows' what-ran `device`) may not be scored `here`; None
     when they may (CPU runs, runs of unknown device, or this machine has each of their GPUs)."""
@@ -195,8 +203,7 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
     for cell_id, part in ok.groupby("cell_id", sort=False):
         if cell_id in cells and (cell_ids is None or cell_id in cell_ids):
             cell, loaded = cells[cell_id]
-            why = foreign(part["python_executable"].unique(), here) or (
-                None if any_device else misplaced(part["device"].unique(), here))
+            why = not_here(part, here, any_device)
             if why is not None:
                 refused.append(f"cell {cell_id}: {why}")
                 continue
