@@ -12,7 +12,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.analysis import answer_metrics, by_setting, flips, guarantees, metrics, near_ties, survival
+from harness.analysis import (answer_metrics, by_setting, flips, guarantees, latency, metrics, near_ties,
+                               survival)
 from harness.results import provenance_fields
 from harness.run.probes import PROBE_COLUMNS
 from harness.results.folder import Results
@@ -132,8 +133,19 @@ class Analysis:
 
     @cached_property
     def slowdown(self) -> pd.DataFrame:
-        """The batch-invariant mode's cost over paired runs."""
-        return metrics.slowdown(self.rows, self.allow_mixed)
+        """The batch-invariant mode's cost over paired runs, with serving latency on each side (its
+        inter-token gaps, a list per run, read only for folders that have runs with the mode on)."""
+        rows = self.rows
+        if "batch_invariant" in rows and rows["batch_invariant"].astype(bool).any():
+            rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"], provenance_as_categories=True)
+        return metrics.slowdown(rows, self.allow_mixed)
+
+    @cached_property
+    def latency(self) -> pd.DataFrame:
+        """Per setting: TTFT, ITL, TPOT and E2EL at p50/p90/p99 and their ratios against the reference
+        setting (harness.analysis.latency); reads the runs' inter-token gaps."""
+        rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"], provenance_as_categories=True)
+        return latency.by_setting(rows, metrics.keys_of(rows), self.reference)
 
     @cached_property
     def probes(self) -> pd.DataFrame:
@@ -207,6 +219,7 @@ TABLES: dict[str, tuple[str, str, bool]] = {
     "cells": ("summary", "summary", True),
     "settings": ("by_setting", "settings", True),
     "slowdown": ("slowdown", "slowdown", True),
+    "latency": ("latency", "latency", False),
     "probes": ("probes", "probes", False),
     "answers": ("answers", "answers", False),
     "survival": ("survival", "survival", False),

@@ -136,6 +136,22 @@ def _judge(rule: Expectation, cells: pd.DataFrame, cost: pd.DataFrame) -> tuple[
         judged["slowdown_max"] = len(pairs)
         for r in pairs[pairs["throughput_ratio"] > rule.slowdown_max].itertuples():
             problems.append(f"batch {r.batch_size}: slowdown {r.throughput_ratio:.2f}x")
+    if rule.latency_ratio_max is not None:
+        from harness.analysis.latency import TITLES, columns
+
+        where = {k: v for k, v in rule.where.items() if k != "batch_invariant"}
+        pairs = _where(cost, where)
+        judged["latency_ratio_max"] = len(pairs)
+        name = columns(rule.latency_metric, rule.latency_percentile)
+        said = f"{TITLES[rule.latency_metric]} p{rule.latency_percentile}"
+        for r in pairs.to_dict("records"):
+            ratio = r.get(f"{name}_ratio", float("nan"))
+            if ratio != ratio:  # NaN: not recorded on one side, never a pass
+                problems.append(f"batch {r['batch_size']}: no {said} recorded for both sides (this engine does not "
+                                "report it, or no run had two tokens)")
+            elif ratio > rule.latency_ratio_max:
+                problems.append(f"batch {r['batch_size']}: {said} on / off {ratio:.2f}x "
+                                f"({1000 * r[name + '_on']:.1f} ms vs {1000 * r[name + '_off']:.1f} ms)")
     return problems, judged
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.analysis import latency
 from harness.results import provenance_fields
 from harness.experiment.config import AXES, option_axis
 from harness.analysis.reference_rules import (DEFAULT_REFERENCE, REFERENCE_RUNS, parse_reference,  # noqa: F401
@@ -61,7 +62,8 @@ IMPLIED_BY_AXIS: dict[str, frozenset[str]] = {
 PROVENANCE_COLUMNS = list(provenance_fields.PAIRED)
 ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "boot", "load_id", "status", "error", "output_hash", "n_tokens", "target_tokens_per_s",
-    "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used",
+    "batch_tokens_per_s", "logprobs_hash", "prompt_tokens", "cached_tokens", "context_tokens_used", "ttft_s",
+    "preemptions", "batch_preemptions", "draft_proposed", "draft_accepted",
     "prefill_probe_steps", "prefill_probe_steps_differed", "prefill_probe_first_diff_step",
     "prefill_probe_max_abs_diff", "prefill_probe_kl_mean", "prefill_probe_kl_max",
 ] + PROBE_STAT_COLUMNS + PROVENANCE_COLUMNS
@@ -521,8 +523,13 @@ def summarize(
                  "reference_repeat", "reference_share", "reference_tie", "node", "reference_node",
                  "logprob_first_diff", "logprob_max_abs_diff", "load_id", "same_load"]
     ok = compared[used]  # a new frame (columns chosen by a list): columns are added to it
-    for column in ("cached_tokens", "prompt_tokens", "context_tokens_used"):
+    counts = ("preemptions", "batch_preemptions", "draft_proposed", "draft_accepted")
+    for column in ("cached_tokens", "prompt_tokens", "context_tokens_used") + counts:
         ok[column] = compared[column] if column in compared else np.nan
+    for column in counts:  # nullable ints as floats, NaN where the engine does not count
+        ok[column] = pd.to_numeric(ok[column], errors="coerce").astype(float)
+    for column, count in (("preempted", "preemptions"), ("batch_preempted", "batch_preemptions")):
+        ok[column] = (ok[count] > 0).astype(float).where(ok[count].notna())
     ok["identical_lp"] = compared["logprobs_identical"].astype("Float64")
 
     g = ok.groupby(by, sort=False)
@@ -550,6 +557,13 @@ def summarize(
             "logprob_max_abs_diff": g["logprob_max_abs_diff"].max(),
             "prompt_tokens_median": g["prompt_tokens"].median(),
             "cached_tokens_median": g["cached_tokens"].median(),
+            # runs the engine preempted at least once, and runs with a preempted request anywhere in
+            # their batch (NaN: the engine does not count preemptions)
+            "preempted_runs": g["preempted"].sum(min_count=1),
+            "preempted_batches": g["batch_preempted"].sum(min_count=1),
+            "preemptions": g["preemptions"].sum(min_count=1),
+            # speculative decoding: drafted tokens the model accepted, over all runs
+            "draft_acceptance": g["draft_accepted"].sum(min_count=1) / g["draft_proposed"].sum(min_count=1),
         }
     )
     stats = stats.join(_by_boot(ok, g))
@@ -569,7 +583,9 @@ def summarize(
         "status", "runs", "unique_outputs", "modal_share", "match_rate", "first_divergence_min",
         "first_divergence_median", "divergence_rate_upper95", "diverged", "compared", "logprobs_identical",
         "logprobs_compared", "logprob_first_diff_min", "logprob_max_abs_diff", "tokens_median",
-        "prompt_tokens_median", "cached_tokens_median", "tokens_per_s_median", "reference", "reference_run", "reference_cell", "reference_repeat",
+        "prompt_tokens_median", "cached_tokens_median", "preempted_runs", "preempted_batches", "preemptions",
+        "draft_acceptance",
+        "tokens_per_s_median", "reference", "reference_run", "reference_cell", "reference_repeat",
         "reference_share", "reference_tie", "node", "reference_node", "n_ok", "n_failed", "n_unsupported",
         "n_skipped", "error",
     ] + BOOT_COLUMNS
@@ -583,12 +599,15 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
     ratio; the median and the spread over pairs are reported. `throughput_ratio` is tokens/s
     with the mode off divided by on (above 1: the mode is slower); `latency_ratio` is the
     request's time to its last token, on divided by off. Engine start and warm-up are not in
-    these timings.
+    these timings. Beside them, serving latency on each side over the same pairs, and its ratio on /
+    off: TTFT, ITL, TPOT and E2EL at p50/p90/p99 (harness.analysis.latency; `ttft_s` and `itl_s` are read
+    where the rows have them).
     """
     ok = rows[(rows["status"] == "ok") & rows["target_tokens_per_s"].notna()]
     setting = keys_of(rows, drop=["batch_invariant"])
     keys = setting + ["prompt_id", "repeat"]
     cols = keys + ["batch_tokens_per_s", "target_tokens_per_s", "n_tokens"]
+    cols += [c for c in ("ttft_s", "itl_s") if c in ok]
     cols += [c for c in ["cell_id"] + PROVENANCE_COLUMNS if c in ok]
     off = ok[~ok["batch_invariant"].astype(bool)][cols]
     on = ok[ok["batch_invariant"].astype(bool)][cols]
@@ -600,7 +619,7 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
         refuse_mixed(side["_off"], side["_on"], set(allow_mixed) - {"host"}, "pairing batch-invariant off/on runs",
                      "off", "on")
     if pairs.empty:
-        return pd.DataFrame(columns=setting + ["pairs", "throughput_ratio", "latency_ratio"])
+        return pd.DataFrame(columns=setting + ["pairs", "throughput_ratio", "latency_ratio"] + SERVING_COLUMNS)
     pairs["throughput"] = pairs["batch_tokens_per_s_off"] / pairs["batch_tokens_per_s_on"]
     latency_on = pairs["n_tokens_on"] / pairs["target_tokens_per_s_on"]
     latency_off = pairs["n_tokens_off"] / pairs["target_tokens_per_s_off"]
@@ -619,7 +638,16 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
             "tokens_per_s_on": g["batch_tokens_per_s_on"].median(),
         }
     )
-    return out.reset_index()
+    serving = pd.DataFrame.from_dict(
+        {key: latency.compared(latency.percentiles(part, "_off"), latency.percentiles(part, "_on"))
+         for key, part in g}, orient="index")
+    serving.index = out.index
+    return pd.concat([out, serving.reindex(columns=SERVING_COLUMNS)], axis=1).reset_index()
+
+
+#: the slowdown's latency columns: each metric at each percentile, off, on and their ratio
+SERVING_COLUMNS = [f"{latency.columns(m, p)}_{side}" for m in latency.METRICS for p in latency.PERCENTILES
+                   for side in ("off", "on", "ratio")]
 
 
 def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:

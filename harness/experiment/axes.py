@@ -146,6 +146,15 @@ AXES_DECLARED: tuple[Axis, ...] = (
     #: experiment's `environments:` names (another venv, with another engine version)
     Axis("environment", str, "string", "current", per_load=True, later=True, later_group=True, short="env",
          check=_name, plain=True),
+    #: KV cache of the whole load, in tokens (0: the engine's own size): a cache too small for the batch in
+    #: flight makes a scheduler that can preempt (vLLM's) stop requests and recompute them later, in another
+    #: batch shape, as a server under load does
+    Axis("kv_cache_tokens", int, "int32", 0, per_load=True, later=True, later_group=True, short="kvcap",
+         within=lambda v: v == 0 or 16 <= v <= 16_777_216, allowed="0 (the engine's own size) or 16 to 16777216 tokens"),
+    #: speculative decoding: tokens drafted per step and verified by the model in one forward pass (0: off); the
+    #: drafter is an engine option (llama-server's draft_model, vLLM's speculative_method)
+    Axis("draft_tokens", int, "int32", 0, per_load=True, later=True, later_group=True, short="draft",
+         within=lambda v: 0 <= v <= 64, allowed="0 (no speculative decoding) to 64 tokens drafted per step"),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_DECLARED}

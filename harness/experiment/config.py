@@ -109,7 +109,7 @@ class Cluster(Strict):
 
 #: the conditions an `expect:` rule may give
 CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "divergence_bound_max", "divergence_rate_min",
-              "logprobs_identical_min", "slowdown_max", "status", "accuracy_drop_max", "answer_agreement_min",
+              "logprobs_identical_min", "slowdown_max", "latency_ratio_max", "status", "accuracy_drop_max", "answer_agreement_min",
               "confident_flips_max", "guarantee")
 #: guarantee classes, strongest first (harness.analysis.guarantees, which reads them from here)
 GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "undecided", "diverges")
@@ -136,6 +136,12 @@ class Expectation(Strict):
         None, ge=0, le=1, description="at least this share of compared runs have tokens and every step's "
         "log-probability bitwise equal to the reference's")
     slowdown_max: float | None = Field(None, gt=0, description="batch-invariant throughput ratio, off / on")
+    latency_ratio_max: float | None = Field(
+        None, gt=0, description="batch-invariant serving latency ratio, on / off, at most this: latency_metric at "
+        "latency_percentile over the paired runs (docs/rows.md#latency); a metric the engine does not record fails it")
+    latency_metric: Literal["ttft", "itl", "tpot", "e2el"] = Field(
+        "tpot", description="the latency latency_ratio_max reads: ttft, itl, tpot or e2el")
+    latency_percentile: Literal[50, 90, 99] = Field(99, description="the percentile latency_ratio_max reads: 50, 90 or 99")
     status: str | None = Field(None, pattern="^(ok|failed|unsupported|skipped)$", description="every row has this status")
     accuracy_drop_max: float | None = Field(
         None, ge=0, le=1, description="accuracy may fall at most this much below the reference setting's (0.05 = 5 points)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -55,6 +56,8 @@ class Cell:
             prefill_chunk=s["prefill_chunk"],
             kv_cache_dtype=s["kv_cache_dtype"],
             prefix_caching=s["prefix_cache"] != "off",
+            kv_cache_tokens=s["kv_cache_tokens"],
+            draft_tokens=s["draft_tokens"],
         )
 
     def sampling(self, max_tokens: int, unseeded_fillers: bool = False, copies: bool = False) -> Sampling:
@@ -100,7 +103,7 @@ def _include_settings(matrix: Matrix, options: dict[str, list[str]], entry: dict
 def load_label(spec: LoadSpec, others: list[LoadSpec]) -> str:
     """How a log line names one engine load among `others`: engine and model, plus every other
     setting that tells it apart ('llamacpp / smollm2-135m dtype=f32 batch_invariant=True')."""
-    fields = ("dtype", "gpu", "batch_invariant", "prefill_chunk", "kv_cache_dtype", "prefix_caching")
+    fields = [f.name for f in dataclasses.fields(LoadSpec) if f.name not in ("engine", "model", "options")]
     differ = [f for f in fields if len({getattr(o, f) for o in others}) > 1]
     same = [o for o in others if o.engine == spec.engine]  # options are told apart within one engine
     keys = sorted({k for o in same for k in o.options})

@@ -39,8 +39,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 def _twin_key(grp: Group) -> str:
     """Loads with equal keys are compared with each other (batch-invariant off and on)."""
     spec = grp.spec
-    return repr((spec.engine, spec.model, spec.dtype, spec.gpu, sorted(spec.options.items()), spec.prefill_chunk,
-                 spec.kv_cache_dtype, spec.prefix_caching))
+    return repr((replace(spec, batch_invariant=False, options={}), sorted(spec.options.items())))
 
 
 def units(groups: list[Group]) -> list[list[Group]]:

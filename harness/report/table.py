@@ -37,6 +37,8 @@ def _fmt(value: object, kind: str = "") -> str:
         return str(int(value))
     if kind == "f1":
         return f"{float(value):.1f}"
+    if kind == "f2":
+        return f"{float(value):.2f}"
     if kind == "f3":
         return f"{float(value):.3f}"
     if kind == "g3":
@@ -167,7 +169,9 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
         table.add_column(SHORT.get(col, col))
     extra = [(name, col, kind) for name, col, kind in (
         ("lp\nbitwise", "logprobs_identical", "pct"), ("lp\ndiff@", "logprob_first_diff_min", "int"),
-        ("cached", "cached_tokens_median", "int"),
+        ("cached", "cached_tokens_median", "int"), ("pre-\nempted", "preempted_runs", "int"),
+        ("batch\npreempted", "preempted_batches", "int"),
+        ("draft\naccept", "draft_acceptance", "pct"),
     ) if col in summary and summary[col].notna().any() and (col != "cached_tokens_median" or summary[col].fillna(0).gt(0).any())]
     for name in ("status", "runs", "unique", "match", "diverge@\nmin/med", "upper95") + tuple(e[0] for e in extra) + ("tok/s",):
         table.add_column(name, justify="right" if name != "status" else "left")
@@ -207,6 +211,50 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
             f"{rec['latency_ratio']:.2f} ({rec['latency_ratio_min']:.2f}-{rec['latency_ratio_max']:.2f})",
         )
     return table
+
+
+def serving_table(cost: pd.DataFrame, title: str) -> Table | None:
+    """The slowdown's serving latency: per setting and metric, p50/p90/p99 with the mode off and on (ms)
+    and their ratios on / off; None where no run recorded any latency."""
+    from harness.analysis.latency import PERCENTILES, long_form
+
+    shown = varying(cost, keys_of(cost, drop=["batch_invariant"]))
+    frame = long_form(cost, shown)
+    measured = [c for c in frame.columns if c.endswith("_ms")]
+    frame = frame[frame[measured].notna().any(axis=1)] if not frame.empty else frame
+    if frame.empty:
+        return None
+    table = PlainTable(title=title, caption=legend(shown) or None)
+    for col in shown + ["metric"]:
+        table.add_column(SHORT.get(col, col), justify="right")
+    for side in ("off", "on"):
+        table.add_column(f"{side} ms\n" + "/".join(f"p{p}" for p in PERCENTILES), justify="right")
+    table.add_column("on / off\n" + "/".join(f"p{p}" for p in PERCENTILES), justify="right")
+    for rec in frame.to_dict("records"):
+        table.add_row(
+            *[_fmt(rec[c]) for c in shown], rec["metric"],
+            *["/".join(_fmt(rec[f"p{p}_{side}_ms"], "f1") for p in PERCENTILES) for side in ("off", "on")],
+            "/".join(_fmt(rec[f"p{p}_ratio"], "f2") for p in PERCENTILES),
+        )
+    return table
+
+
+def preemption_lines(summary: pd.DataFrame) -> list[str]:
+    """Cells that asked for a small KV cache (kv_cache_tokens) and saw no preemption in any run's batch, or
+    whose engine does not count them: their runs are not evidence of what preemption does."""
+    if "kv_cache_tokens" not in summary or "preempted_batches" not in summary:
+        return []
+    asked = summary[(summary["kv_cache_tokens"].fillna(0) > 0) & (summary["status"] == "ok")]
+    lines = []
+    for cell, part in asked.groupby("cell_id", sort=False):
+        counted = part["preempted_batches"]
+        if counted.isna().all():
+            lines.append(f"cell {cell}: the engine does not count preemptions: not preemption evidence")
+        elif counted.fillna(0).sum() == 0:
+            lines.append(f"cell {cell} (kv_cache_tokens={int(part['kv_cache_tokens'].iloc[0])}, batch_size="
+                         f"{int(part['batch_size'].iloc[0])}): no request of any run's batch was preempted: not "
+                         "preemption evidence (make the cache smaller or the batch larger)")
+    return lines
 
 
 def _per_setting(frame: pd.DataFrame, title: str, headers: list[str]) -> tuple[Table, list[str]]:

@@ -30,6 +30,15 @@ def logprobs_hash(logprobs: list[float]) -> str | None:
     return hashlib.blake2b(np.asarray(logprobs, dtype=np.float32).tobytes(), digest_size=12).hexdigest()
 
 
+def inter_token_gaps(times: list[float]) -> list[float] | None:
+    """The gaps between successive token arrivals; tokens that arrived together (one step of speculative
+    decoding) make one gap, not zeros. None where fewer than two times were recorded."""
+    if len(times) < 2:
+        return None
+    gaps = np.diff(np.asarray(times, dtype=np.float64))
+    return gaps[gaps > 0].tolist()
+
+
 def describe_exception(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()[:2000]
 
@@ -92,6 +101,10 @@ class RowMaker:
             "error": "",
             "prompt_tokens": out.prompt_tokens,
             "cached_tokens": out.cached_tokens,
+            "preemptions": out.preemptions,
+            "batch_preemptions": out.batch_preemptions,
+            "draft_proposed": out.draft_proposed,
+            "draft_accepted": out.draft_accepted,
             "token_ids": t.token_ids,
             "n_tokens": n,
             "text": t.text,
@@ -102,7 +115,8 @@ class RowMaker:
             "margins": t.margins,
             "logprobs_hash": logprobs_hash(t.logprobs),
             "prefill_s": out.prefill_s,
-            "ttft_s": out.ttft_s,
+            "ttft_s": out.ttft_s if out.ttft_s is not None or not out.token_times else out.token_times[0],
+            "itl_s": inter_token_gaps(out.token_times),
             "decode_s": None if out.prefill_s is None else out.target_s - out.prefill_s,
             "wall_s": out.wall_s,
             "target_tokens_per_s": n / out.target_s if out.target_s > 0 else None,

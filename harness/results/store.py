@@ -29,10 +29,11 @@ if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` start
 #: 8 prefill_probe_kl_mean and prefill_probe_kl_max (exact KL of decode vs one prefill, per step);
 #: 9 cpu_kernels (llama.cpp's CPU kernel path: extra buffer types in use, build features, llamafile);
 #: 10 boot and load_id (the engine load a run came from: cross-boot repeats), python_executable
-#: (the interpreter a worker ran under: the environment axis).
+#: (the interpreter a worker ran under: the environment axis); 11 the kv_cache_tokens and draft_tokens
+#: axes, preemptions, batch_preemptions, draft_proposed, draft_accepted and itl_s (serving under load: harness.analysis.latency).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -65,6 +66,12 @@ ROW_SCHEMA = pa.schema(
         ("prompt_tokens", pa.int32()),
         ("context_tokens_used", pa.int32()),
         ("cached_tokens", pa.int32()),
+        # what the engine's scheduler did to the target: preempted (and recomputed) so many times, and
+        # with speculative decoding the tokens drafted for it and accepted; empty where not reported
+        ("preemptions", pa.int32()),
+        ("batch_preemptions", pa.int32()),
+        ("draft_proposed", pa.int32()),
+        ("draft_accepted", pa.int32()),
         ("token_ids", pa.list_(pa.int32())),
         ("n_tokens", pa.int32()),
         ("text", pa.string()),
@@ -110,6 +117,9 @@ ROW_SCHEMA = pa.schema(
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("prefill_s", pa.float64()),
         ("ttft_s", pa.float64()),
+        # gaps between successive output tokens of the target as the caller received them (inter-token
+        # latency); empty where the engine hands the output over only at the end
+        ("itl_s", pa.list_(pa.float32())),
         ("decode_s", pa.float64()),
         ("wall_s", pa.float64()),
         ("target_tokens_per_s", pa.float64()),

@@ -177,7 +177,23 @@
     const yb = top + recs.length * rowH;
     s.append(svg("line", { x1: X(1), x2: X(1), y1: top, y2: yb, stroke: "#b3261e", "stroke-dasharray": "3 3" }));
     axisTicks(s, left, right, yb, max, (v) => num(v, 2), 4);
-    return chartBox("What batch-invariant mode costs", "Throughput with the mode off ÷ on (median bar, range over paired batches; above 1: the mode is slower).", s);
+    return chartBox("What batch-invariant mode costs", "Throughput with the mode off ÷ on (median bar, range over paired batches; above 1: the mode is slower). Below: serving latency over the same pairs, p50 / p90 / p99 in ms with the mode off and on, and on ÷ off (definitions: docs/rows.md, Latency).",
+      el("div", {}, s, servingTable(recs)));
+  }
+  // TTFT, ITL, TPOT and E2EL percentiles per setting, off and on, where the rows recorded them.
+  function servingTable(recs) {
+    const metrics = [["ttft", "TTFT"], ["itl", "ITL"], ["tpot", "TPOT"], ["e2el", "E2EL"]], ps = [50, 90, 99];
+    const ms = (v) => (v === null || v === undefined ? "–" : (1000 * v).toFixed(1));
+    const rows = [];
+    recs.forEach((r) => metrics.forEach(([m, title]) => {
+      if (ps.every((p) => r[`${m}_p${p}_off`] === null || r[`${m}_p${p}_off`] === undefined)) return;
+      rows.push(el("tr", {}, el("td", { text: settingOf(r) }), el("td", { text: title }),
+        el("td", { text: ps.map((p) => ms(r[`${m}_p${p}_off`])).join(" / ") }),
+        el("td", { text: ps.map((p) => ms(r[`${m}_p${p}_on`])).join(" / ") }),
+        el("td", { text: ps.map((p) => num(r[`${m}_p${p}_ratio`])).join(" / ") })));
+    }));
+    if (!rows.length) return null;
+    return el("table", { class: "serving" }, el("tr", {}, ["setting", "metric", "off, ms", "on, ms", "on ÷ off"].map((t) => el("th", { text: t }))), rows);
   }
   // Share of runs still identical to the reference after t tokens: one step line per setting, its
   // pointwise 95 % band shaded (harness/survival.py).
