@@ -174,3 +174,8 @@ def test_summarize_and_check_show_the_batch_invariant_latency_cost(tmp_path):
     gate.write_text("expect:\n  - {name: tpot, latency_ratio_max: 1.5, latency_metric: tpot, latency_percentile: 90}\n")
     checked = run_harness("check", str(root), "--expect", str(gate))
     assert checked.returncode == 1 and "TPOT p90 on / off 1.80x" in checked.stdout + checked.stderr
+    table = run_harness("summarize", str(root), "--what", "latency", "--reference", "batch_invariant=false")
+    assert table.returncode == 0, table.stderr
+    assert "ratio to the reference setting (batch_invariant=False)" in table.stdout
+    assert "1.80/1.80/1.80" in table.stdout and "1.00/1.00/1.00" in table.stdout
+    assert not (root / "latency.parquet").exists()  # read when asked, never saved on the way

@@ -194,3 +194,22 @@ def test_report_and_plot_refuse_an_empty_folder(tmp_path):
     for command in ("report", "plot"):
         done = run_harness(command, str(tmp_path))
         assert done.returncode != 0 and "no results here" in done.stderr
+
+
+@needs_browser
+def test_report_shows_the_batch_invariant_latency_cost(tmp_path, browser):
+    """Beside the throughput bars, the slowdown chart's table of TTFT / ITL / TPOT / E2EL percentiles off and
+    on (a stand-in folder written by hand: no CPU runs the mode)."""
+    root = tmp_path / "out"
+    folder, cells = synthetic_folder(root, ["p"], {"batch_size": [4], "batch_invariant": [False, True]}, repeats=2)
+    for cell in cells:
+        slow = 2.5 if cell["batch_invariant"] else 1.0
+        folder.write_cell(cell.id, [row_for(cell, "p", r, [1, 2, 3, 4], ttft_s=0.1 * slow, itl_s=[0.02 * slow] * 3,
+                                            target_tokens_per_s=4 / (0.16 * slow), batch_tokens_per_s=16 / (0.16 * slow))
+                                    for r in range(2)], "x")
+    done = run_harness("report", str(root), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr
+    page, errors = _open(browser, tmp_path / "r.html")
+    rows = page.locator("table.serving tr").all_inner_texts()
+    assert not errors
+    assert len(rows) == 5 and "TTFT\t100.0 / 100.0 / 100.0\t250.0 / 250.0 / 250.0\t2.5 / 2.5 / 2.5" in rows[1]

@@ -219,7 +219,6 @@ TABLES: dict[str, tuple[str, str, bool]] = {
     "cells": ("summary", "summary", True),
     "settings": ("by_setting", "settings", True),
     "slowdown": ("slowdown", "slowdown", True),
-    "latency": ("latency", "latency", False),
     "probes": ("probes", "probes", False),
     "answers": ("answers", "answers", False),
     "survival": ("survival", "survival", False),

@@ -56,7 +56,7 @@ def summarize(
         help="With json/csv: 'cells' (per cell and prompt), 'settings' (per setting: divergence rate and its "
              "bounds, median tokens to divergence, near ties), 'slowdown' (batch-invariant cost), 'probes' (logit "
              "probes), 'latency' (per setting: TTFT, ITL, TPOT, E2EL at p50/p90/p99 and their ratios against the "
-             "reference setting), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
+             "reference setting; also as a table), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
              "after t tokens), 'flips_by_margin' (departures per step by margin bucket) or 'flips' (each departed run "
              "with the reference's margin where it split and its flip class). 'splits': where the "
              "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
@@ -74,17 +74,31 @@ def summarize(
     from harness.analysis.folder_analysis import TABLES
 
     allowed("--format", fmt, ("table", "json", "csv"))
-    allowed("--what", what, tuple(TABLES) + ("splits",))
+    allowed("--what", what, tuple(TABLES) + ("latency", "splits"))
     if what == "splits":
         _print_splits(results, fmt, all_cells)
         return
     analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident)
     if save:
         analysis.save()
-    if fmt in ("json", "csv"):
+    if what == "latency":  # read only when asked: it reads every run's inter-token gaps
+        _print_latency(analysis, fmt)
+    elif fmt in ("json", "csv"):
         write_frame(analysis.table(what), fmt)
     else:
         print_summaries(console(), str(results), analysis)
+
+
+def _print_latency(analysis: Any, fmt: str) -> None:
+    from harness.report.table import latency_table
+
+    frame = analysis.latency
+    if fmt in ("json", "csv"):
+        write_frame(frame, fmt)
+    else:
+        reference = ",".join(f"{k}={v}" for k, v in analysis.reference.items())
+        console().print(latency_table(frame, f"serving latency per setting (ms) and its ratio to the reference setting "
+                                             f"({reference}); docs/rows.md#latency"))
 
 
 def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:

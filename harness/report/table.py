@@ -239,6 +239,28 @@ def serving_table(cost: pd.DataFrame, title: str) -> Table | None:
     return table
 
 
+def latency_table(frame: pd.DataFrame, title: str) -> Table:
+    """Per setting and metric: p50/p90/p99 in ms and their ratios against the reference setting
+    (harness.analysis.latency.by_setting); metrics no run recorded are left out."""
+    from harness.analysis.latency import METRICS, PERCENTILES, TITLES, columns
+
+    shown = varying(frame, keys_of(frame)) or ["engine"]
+    table = PlainTable(title=title, caption=legend(shown) or None)
+    for col in shown + ["runs", "metric"]:
+        table.add_column(SHORT.get(col, col), justify="right")
+    table.add_column("ms\n" + "/".join(f"p{p}" for p in PERCENTILES), justify="right")
+    table.add_column("vs reference\n" + "/".join(f"p{p}" for p in PERCENTILES), justify="right")
+    for rec in frame.to_dict("records"):
+        for metric in METRICS:
+            names = [columns(metric, p) for p in PERCENTILES]
+            if all(_fmt(rec.get(n)) == "-" for n in names):
+                continue
+            table.add_row(*[_fmt(rec[c]) for c in shown], _fmt(rec["runs"], "int"), TITLES[metric],
+                          "/".join(_fmt(1000 * rec[n], "f1") for n in names),
+                          "/".join(_fmt(rec.get(f"{n}_ratio"), "f2") for n in names))
+    return table
+
+
 def preemption_lines(summary: pd.DataFrame) -> list[str]:
     """Cells that asked for a small KV cache (kv_cache_tokens) and saw no preemption in any run's batch, or
     whose engine does not count them: their runs are not evidence of what preemption does."""
