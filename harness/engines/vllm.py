@@ -242,7 +242,8 @@ class VllmEngine(Engine):
         kwargs["disable_log_stats"] = False
         if spec.draft_tokens:
             kwargs["speculative_config"] = self._speculative(spec, base, log)
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            if _takes("per_request_spec_decode_metrics"):  # vLLM 0.32 on: drafted / accepted per request
+                kwargs["per_request_spec_decode_metrics"] = "summary"
         if self.opts.forced_decoding:
             from harness.engines.parts.vllm_force import FQCN
 
@@ -524,6 +525,15 @@ class VllmEngine(Engine):
             if callable(shutdown):
                 shutdown()
             self.llm = None
+
+
+def _takes(argument: str) -> bool:
+    """Whether this vLLM's engine arguments have `argument` (an older one refuses unknown ones)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return argument in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
 def _max_model_len(model_path: str) -> int | None:
