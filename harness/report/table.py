@@ -154,6 +154,18 @@ def shown_records(summary: pd.DataFrame, limit: int = TABLE_ROWS) -> pd.DataFram
     return pd.concat([summary[notable], summary[~notable]]).head(limit).sort_index()
 
 
+#: summary columns left out of the terminal table while all zero (vLLM counts preemptions in every run), unless
+#: the folder asked for what they count (a small KV cache: then zero preemptions is the finding)
+_ZERO_HIDDEN = {"cached_tokens_median": None, "preempted_runs": "kv_cache_tokens",
+                "preempted_batches": "kv_cache_tokens"}
+
+
+def _nonzero(summary: pd.DataFrame, col: str) -> bool:
+    axis = _ZERO_HIDDEN[col]
+    asked = axis is not None and axis in summary and summary[axis].fillna(0).gt(0).any()
+    return bool(asked or summary[col].fillna(0).gt(0).any())
+
+
 def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) -> Table:
     """Per cell and prompt; past `limit` records only the notable ones show, and the caption says so
     (a terminal table of thousands of lines is read by no one and takes seconds to draw)."""
@@ -172,7 +184,7 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
         ("cached", "cached_tokens_median", "int"), ("pre-\nempted", "preempted_runs", "int"),
         ("batch\npreempted", "preempted_batches", "int"),
         ("draft\naccept", "draft_acceptance", "pct"),
-    ) if col in summary and summary[col].notna().any() and (col != "cached_tokens_median" or summary[col].fillna(0).gt(0).any())]
+    ) if col in summary and summary[col].notna().any() and (col not in _ZERO_HIDDEN or _nonzero(summary, col))]
     for name in ("status", "runs", "unique", "match", "diverge@\nmin/med", "upper95") + tuple(e[0] for e in extra) + ("tok/s",):
         table.add_column(name, justify="right" if name != "status" else "left")
     for rec in shown.to_dict("records"):
