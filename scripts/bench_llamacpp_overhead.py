@@ -21,6 +21,7 @@ import numpy as np
 from harness.engines.base import LoadSpec, Sampling
 from harness.engines.llamacpp import LlamaCppEngine
 from harness.experiment.prompts import compose_batch, load_prompt_set
+
 from benchlib import HEADER, alternate, row  # scripts/ is on sys.path when run as a script
 
 

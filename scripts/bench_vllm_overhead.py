@@ -28,6 +28,7 @@ def main() -> None:
     from harness.engines.base import LoadSpec, Sampling
     from harness.engines.vllm import VllmEngine
     from harness.experiment.prompts import compose_batch, load_prompt_set
+
     from benchlib import HEADER, alternate, row
 
     root = Path(__file__).resolve().parent.parent

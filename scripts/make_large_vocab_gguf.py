@@ -22,8 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.models.gguf_convert import copy_fields  # noqa: E402
 from harness.models.catalog import cache_dir, resolve_gguf  # noqa: E402
+from harness.models.gguf_convert import copy_fields  # noqa: E402
 
 UNUSED = 5  # llama.cpp's token type for reserved, never-produced-by-text tokens
 

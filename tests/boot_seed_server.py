@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from seedless_proxy import relay  # noqa: E402 - the folder of this script is on the path only now
+from seedless_proxy import relay
 
 
 def main() -> None:

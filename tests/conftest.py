@@ -59,8 +59,8 @@ def run_experiment(root: Path, experiment: str, group_timeout_s: float | None = 
     """Write PROMPTS and `experiment` under root and run it for real into root/out; its Store."""
     from harness.experiment.config import load_experiment
     from harness.results.folder import ResultsFolder
-    from harness.run.runner import Runner
     from harness.results.store import Store
+    from harness.run.runner import Runner
 
     (root / "prompts.yaml").write_text(PROMPTS)
     (root / "exp.yaml").write_text(experiment)

@@ -54,10 +54,10 @@ def relay(port: int, upstream: str, server_args: list[str], rewrite: Callable[[d
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             self._relay(None)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             self._relay(json.dumps(rewrite(payload)).encode())
 

@@ -7,15 +7,14 @@ import json
 import math
 
 import numpy as np
-
 import pandas as pd
 import pytest
 
 from harness.analysis import gate, metrics
+from harness.core.errors import ConfigError
+from harness.engines.base import Sampling
 from harness.experiment.config import Expectation, load_experiment
 from harness.experiment.context import fit, shared_context, with_context
-from harness.engines.base import Sampling
-from harness.core.errors import ConfigError
 from harness.experiment.matrix import expand, group
 from harness.results.folder import open_results
 
@@ -64,8 +63,11 @@ def test_cells_at_the_new_axes_defaults_keep_their_ids(write):
     ("  prefill_chunk: [0]", "exp.yaml:5: matrix.prefill_chunk: prefill_chunk '0': allowed: auto"),
     ("  kv_cache_dtype: [int4]", "exp.yaml:5: matrix.kv_cache_dtype: kv_cache_dtype 'int4' is not known; allowed: auto"),
     ("  context_tokens: [-1]", "exp.yaml:5: matrix.context_tokens: context_tokens -1 is out of range"),
-    ("  llamacpp.n_ubatch: [16, 0]", "exp.yaml:5: matrix.llamacpp.n_ubatch[1]: llamacpp.n_ubatch 0: Input should be greater than or equal to 1"),
-    ("  llamacpp.flash: [on]", "exp.yaml:5: matrix.llamacpp.flash[0]: 'llamacpp.flash' is not an option of engine 'llamacpp'; allowed: llamacpp.n_gpu_layers"),
+    ("  llamacpp.n_ubatch: [16, 0]",
+     "exp.yaml:5: matrix.llamacpp.n_ubatch[1]: llamacpp.n_ubatch 0: Input should be greater than or equal to 1"),
+    ("  llamacpp.flash: [on]",
+     "exp.yaml:5: matrix.llamacpp.flash[0]: 'llamacpp.flash' is not an option of engine 'llamacpp'; "
+     "allowed: llamacpp.n_gpu_layers"),
     ("  nosuch.flash_attn: [on]", "exp.yaml:5: matrix.nosuch.flash_attn: not an engine option; write ENGINE.OPTION"),
 ])
 def test_bad_axis_values_name_file_line_and_what_is_allowed(write, extra, wanted):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment.config import load_experiment
-from harness.engines.base import Sampling
 from harness.core.errors import ConfigError
+from harness.engines.base import Sampling
+from harness.experiment.config import load_experiment
 from harness.experiment.prompts import Prompt, PromptSet, plan_batches
 from harness.results.folder import ResultsFolder
 from harness.results.store import Store

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import cluster
-from harness.results import provenance
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand, group
-from harness.results.folder import ResultsFolder
-from harness.run.runner import Runner
 from harness.experiment.selection import Selection, apply, parse_shard
+from harness.results import provenance
+from harness.results.folder import ResultsFolder
 from harness.results.store import Store
+from harness.run import cluster
+from harness.run.runner import Runner
 
-from .conftest import PROMPTS, run_harness, needs_llama
+from .conftest import PROMPTS, needs_llama, run_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = """
@@ -289,7 +289,8 @@ def test_real_slurm_keeps_every_comparison_in_one_task_and_check_sees_a_cancelle
     reference = {(r.dtype, r.prompt_id): r.cell_id for r in rows[rows.batch_size == 1].itertuples()}
     for r in rows.itertuples():
         ref = reference[(r.dtype, r.prompt_id)]
-        assert task_of[r.cell_id] == task_of[ref], f"{r.cell_id} ran in task {task_of[r.cell_id]}, its reference in {task_of[ref]}"
+        assert task_of[r.cell_id] == task_of[ref], \
+            f"{r.cell_id} ran in task {task_of[r.cell_id]}, its reference in {task_of[ref]}"
     assert set(task_of) == {"0", "1"}
     assert run_harness("check", "all", cwd=tmp_path).returncode == 0
 

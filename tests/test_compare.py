@@ -8,6 +8,7 @@ from harness.analysis.compare import around_split
 
 from .conftest import row_for, run_harness, synthetic_folder
 
+
 def _folder(root, gpu, outputs, extra_batch=False):
     """outputs: prompt_id -> token ids (repeat 0) for batch size 1; extra_batch adds a batch-2 cell."""
     folder, cells = synthetic_folder(root, sorted(outputs), {"gpu": [gpu], "batch_size": [1, 2] if extra_batch else [1]})

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment.config import load_experiment
 from harness.core.errors import ConfigError
+from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand, group
 
 from .conftest import PROMPTS, run_harness

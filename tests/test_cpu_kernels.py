@@ -4,7 +4,6 @@ field; a crash by signal explained; `auto` falling back only when the AMX kernel
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

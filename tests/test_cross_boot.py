@@ -23,8 +23,7 @@ from harness.core.errors import ConfigError
 from harness.experiment.config import load_experiment
 from harness.results.folder import open_results
 
-from .conftest import (PROMPTS, needs_llama, row_for, run_experiment, run_harness, stand_in_engine,
-                       synthetic_folder)
+from .conftest import PROMPTS, needs_llama, row_for, run_experiment, run_harness, stand_in_engine, synthetic_folder
 
 
 def _by_hand(rows: pd.DataFrame) -> dict[str, tuple[int, int]]:
@@ -154,7 +153,8 @@ def test_a_server_that_draws_its_seed_at_boot_agrees_within_a_boot_and_not_acros
     expected = _by_hand(rows)
     assert _totals(analysis) == expected
     assert expected["same"] == (2, 0)  # repeat 1 of each prompt: the boot's seed held
-    assert expected["cross"][0] == 4 and expected["cross"][1] >= 1  # other boot, other seed: some part (2 to 4 of 4 seen; random seeds can agree)
+    # other boot, other seed: some part (2 to 4 of 4 seen; random seeds can agree)
+    assert expected["cross"][0] == 4 and expected["cross"][1] >= 1
     shown = run_harness("summarize", str(store.root)).stdout
     assert "same boot as the reference run 2/2 identical" in shown
 

@@ -16,9 +16,9 @@ import pytest
 
 from harness.analysis import metrics, near_ties
 from harness.analysis.folder_analysis import Analysis
+from harness.analysis.gate import evaluate
 from harness.experiment.axes import LATER_AXES_DEFAULTS
 from harness.experiment.config import Expectation
-from harness.analysis.gate import evaluate
 from harness.results.folder import open_results
 
 from .conftest import needs_llama, row_for, run_harness, synthetic_folder

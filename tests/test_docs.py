@@ -77,7 +77,7 @@ def _recipe_args(line: str) -> list[str]:
 RECIPES = _examples("harness ", "bash")
 
 
-@pytest.mark.parametrize(("page", "line"), RECIPES, ids=[f"{p}: {l[:60]}" for p, l in RECIPES])
+@pytest.mark.parametrize(("page", "line"), RECIPES, ids=[f"{p}: {recipe[:60]}" for p, recipe in RECIPES])
 def test_a_recipe_parses_and_its_experiment_loads(page, line):
     import typer
 

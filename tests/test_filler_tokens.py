@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.core.errors import ConfigError
 from harness.experiment.config import load_experiment
 from harness.experiment.context import padded
-from harness.core.errors import ConfigError
 from harness.experiment.matrix import expand
 
 from .conftest import PROMPTS, needs_llama, run_experiment
@@ -27,8 +27,8 @@ matrix:
 
 @pytest.fixture(scope="module")
 def engine():
-    from harness.engines.registry import engine_class
     from harness.engines.base import LoadSpec
+    from harness.engines.registry import engine_class
 
     spec = LoadSpec(engine="llamacpp", model="smollm2-135m", dtype="auto", gpu="cpu", batch_invariant=False,
                     options={})

@@ -4,10 +4,8 @@ those numbers, and the summary, the settings table, the gate and the report must
 
 from __future__ import annotations
 
-import math
-
 import json
-from math import comb
+import math
 
 import numpy as np
 import pytest

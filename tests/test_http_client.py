@@ -19,7 +19,7 @@ from harness.engines.parts.server_process import post_concurrently
 
 def _serve(handle: Callable[[dict], tuple[int, dict]]):
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             code, answer = handle(body)
             data = json.dumps(answer).encode()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,78 @@ def test_imports_run_down_the_pipeline():
             if theirs is not None and theirs > mine:
                 upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name} ({LAYERS[mine]} -> {LAYERS[theirs]})")
     assert upward == [], "imports that run back up the pipeline:\n" + "\n".join(upward)
+
+
+#: the lower stages each stage may use (core, the ground floor, is open to all); anything else, even lower
+#: down, is a module in the wrong room. Statistics read rows and the experiment, never an engine or a run;
+#: the views read statistics and get machine facts as data; only the CLI wires every stage together.
+STAGE_USES = {
+    "core": set(),
+    "models": set(),
+    "engines": {"models"},
+    "experiment": {"engines"},  # what each engine declares about the axes and its options
+    "results": {"engines", "experiment"},  # rows from engine outputs, columns from the axes
+    "run": {"models", "engines", "experiment", "results"},
+    "analysis": {"experiment", "results"},
+    "report": {"models", "experiment", "results", "analysis"},
+    "cli": {"models", "engines", "experiment", "results", "run", "analysis", "report"},
+}
+
+
+def _stage_breaches(modules: list[tuple[Path, str]]) -> list[str]:
+    out = []
+    for path, module in modules:
+        mine = _layer(module)
+        if mine is None:
+            continue
+        for line, name in _imports(path, module):
+            theirs = _layer(name)
+            if theirs is not None and theirs != mine and LAYERS[theirs] != "core" \
+                    and LAYERS[theirs] not in STAGE_USES[LAYERS[mine]]:
+                out.append(f"{path.name}:{line} imports {name} ({LAYERS[mine]} -> {LAYERS[theirs]})")
+    return out
+
+
+def test_each_stage_uses_only_the_stages_it_is_allowed():
+    assert set(STAGE_USES) == set(LAYERS)
+    assert all(LAYERS.index(used) < LAYERS.index(stage) for stage, uses in STAGE_USES.items() for used in uses)
+    breaches = _stage_breaches(_modules())
+    assert breaches == [], "imports of a stage this stage does not use (STAGE_USES):\n" + "\n".join(breaches)
+
+
+def test_the_stage_test_sees_a_lower_stage_that_is_not_allowed(tmp_path):
+    """The check itself can fail: statistics that load an engine are in the wrong room."""
+    module = tmp_path / "mod.py"
+    module.write_text("from harness.engines.registry import engine_class\nfrom harness.results.columns import keys_of\n")
+    assert _stage_breaches([(module, "harness.analysis.mod")]) == \
+        ["mod.py:1 imports harness.engines.registry (analysis -> engines)"]
+
+
+def _layout_map() -> dict[str, str]:
+    """docs/development.md's layout block, cut into its folders' paragraphs."""
+    block = (PACKAGE.parent / "docs" / "development.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    sections: dict[str, str] = {}
+    folder = None
+    for line in block.splitlines():
+        start = re.match(r"(harness/[\w/]+/)\s", line)
+        folder = start.group(1) if start else (None if line[:1].strip() else folder)
+        if folder:
+            sections[folder] = sections.get(folder, "") + line + "\n"
+    return sections
+
+
+def test_the_layout_map_names_every_module():
+    """Every module is named in its folder's paragraph of the map, and every name there exists."""
+    sections = _layout_map()
+    unnamed, stale = [], []
+    for folder in sorted({p.parent for p in PACKAGE.rglob("*.py")} - {PACKAGE}):
+        key = f"harness/{folder.relative_to(PACKAGE).as_posix()}/"
+        text = sections.get(key, "")
+        names = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+        unnamed += [f"{key}{n}.py" for n in sorted(names) if not re.search(rf"\b{n}\.py\b", text)]
+        stale += [f"{key}{n}" for n in re.findall(r"\b(\w+)\.py\b", text) if n not in names]
+    assert unnamed == [], f"modules docs/development.md's layout map does not name: {unnamed}"
+    assert stale == [], f"the layout map names modules that are not there: {stale}"
 
 
 def test_the_direction_test_sees_a_lazy_upward_import(tmp_path):

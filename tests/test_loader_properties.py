@@ -6,10 +6,11 @@ from __future__ import annotations
 import string
 
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from harness.experiment.config import load_experiment
 from harness.core.errors import HarnessError
+from harness.experiment.config import load_experiment
 from harness.experiment.prompts import load_prompt_set
 
 from .conftest import PROMPTS

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+
 import pandas as pd
 import pytest
 
 from harness.analysis import metrics
-from harness.experiment.axes import AXES, LATER_AXES_DEFAULTS
 from harness.core.errors import HarnessError
+from harness.experiment.axes import AXES, LATER_AXES_DEFAULTS
 from harness.results.rows import output_hash
 
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from harness.analysis.noise_floor import permutation_p
-from harness.analysis.rescore import read_scores
 from harness.results.folder import open_results
+from harness.run.rescore import read_scores
 
 from .conftest import needs_llama, run_experiment, run_harness
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 
 from harness.run import op_probe
 

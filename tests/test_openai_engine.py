@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from harness.experiment.config import load_experiment
 from harness.core.errors import ConfigError
+from harness.experiment.config import load_experiment
 from harness.results.folder import ResultsFolder
-from harness.run.runner import Runner
 from harness.results.store import Store
+from harness.run.runner import Runner
 
 from .conftest import PROMPTS, needs_llama, run_harness
 from .test_llama_server import _have_server

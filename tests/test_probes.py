@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import pytest
 
-from harness.run.probes import Comparer, Trace, low_margin_fraction
 from harness.results.store import Store
+from harness.run.probes import Comparer, Trace, low_margin_fraction
 
 from .conftest import needs_llama, run_harness
 
@@ -27,7 +28,8 @@ def test_comparer_counts_moved_logits_only_while_the_prefix_is_shared():
     probe(2, np.array([3, 0, 0.25], dtype=np.float32), 2)  # moved, and a different token chosen
     probe(3, np.array([9, 9, 9], dtype=np.float32), 1)  # after the split: not compared
     cols = probe.columns("full logit vectors")
-    assert cols["probe_reference"].endswith("full logit vectors") and cols["probe_steps"] == 3 and cols["probe_logits_compared"] == 9
+    assert cols["probe_reference"].endswith("full logit vectors")
+    assert cols["probe_steps"] == 3 and cols["probe_logits_compared"] == 9
     assert cols["probe_logits_differed"] == 2 and cols["probe_steps_differed"] == 2
     assert cols["probe_first_diff_step"] == 1 and cols["probe_max_abs_diff"] == pytest.approx(0.5)
 

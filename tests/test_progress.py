@@ -21,8 +21,8 @@ def test_plain_reporter_heartbeat_and_eta():
         reporter.advance(5)
         time.sleep(1.8)
     text = out.getvalue().splitlines()
-    beats = [l for l in text if l.startswith("progress: 5/10 generations, 0/2 cells")]
-    assert len(beats) >= 2 and all("eta 0:00:0" in l for l in beats), text
+    beats = [ln for ln in text if ln.startswith("progress: 5/10 generations, 0/2 cells")]
+    assert len(beats) >= 2 and all("eta 0:00:0" in ln for ln in beats), text
 
 
 def test_a_spare_worker_released_unused_ends_at_once_and_a_taken_one_is_taken_once():

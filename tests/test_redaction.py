@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from harness.results import provenance
+from harness.core.redaction import REDACTED, redact, secret_name
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
-from harness.core.redaction import REDACTED, redact, secret_name
+from harness.results import provenance
 from harness.results.folder import ResultsFolder
 
 from .conftest import PROMPTS

@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from harness.analysis import replay as replaying
 from harness.results.folder import open_results
+from harness.run import replay as replaying
 
 from .conftest import needs_llama, run_experiment, run_harness
 
@@ -93,9 +93,9 @@ def test_a_batch_size_without_fillers_is_refused_with_the_reason_not_a_traceback
 def test_a_replayer_sees_the_gpus_its_setting_may_use_and_the_probe_cache_names_them(monkeypatch, tmp_path):
     """`gpu: cpu` runs re-read on a GPU node see no GPU, as their worker did (a CUDA build would compute
     on one); and the kernel probe's cached answer is kept per set of visible GPUs."""
-    from harness.analysis.rescore import PlacedEngine
     from harness.engines.base import LoadSpec
     from harness.engines.llamacpp import LlamaCppEngine
+    from harness.run.rescore import PlacedEngine
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1")
     spec = LoadSpec("llamacpp", "smollm2-135m", "auto", "cpu", False, {"n_threads": 2})

@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 from harness.core import gpu_names
-from harness.results import provenance
-from harness.experiment.config import load_experiment
 from harness.core.errors import HarnessError
+from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
+from harness.results import provenance
 from harness.results.folder import ResultsFolder, open_results
 from harness.results.store import Store
 
@@ -529,7 +529,8 @@ def test_readers_give_the_values_a_plain_read_gives(tmp_path):
     # one row per wanted output, from whichever file holds it; an unknown hash is absent
     hashes = dict(zip(plain["output_hash"], plain["token_ids"].map(list)))
     assert store.tokens_for(set(hashes) | {"nope"}) == hashes
-    assert store.texts_for({plain["output_hash"].iloc[-1]}) == {plain["output_hash"].iloc[-1]: list(plain["token_texts"].iloc[-1])}
+    last = plain["output_hash"].iloc[-1]
+    assert store.texts_for({last}) == {last: list(plain["token_texts"].iloc[-1])}
     # per-run lists for some runs only, in the order asked, None for a run not on disk
     runs = plain[["cell_id", "prompt_id", "repeat"]].iloc[[17, 3, 8]]
     runs.loc[99] = [cells[0].id, "a", 7]
@@ -547,7 +548,8 @@ def test_every_declared_provenance_field_is_a_row_column_and_every_role_is_used(
     assert set(provenance_fields.SAME_LOAD) == {
         "model_sha256", "engine_version", "schema_version", "host", "gpu_uuid", "gpu_driver", "cuda_version",
         "library_versions", "harness_version", "git_commit", "engine_info", "cpu_kernels", "env"}
-    assert {"model_sha256", "engine_version", "schema_version", "chat_template", "host", "cpu_kernels"} == set(provenance_fields.MIXABLE)
+    mixable = {"model_sha256", "engine_version", "schema_version", "chat_template", "host", "cpu_kernels"}
+    assert mixable == set(provenance_fields.MIXABLE)
     assert set(provenance_fields.PAIRED) <= set(provenance_fields.SAME_LOAD)  # a kept row pairs with the new ones
 
 

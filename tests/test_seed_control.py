@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness.run import seed_control
-from harness.experiment.config import load_experiment
-from harness.engines.base import BatchOutput, Sampling, SequenceOutput
 from harness.core.errors import ConfigError
-from harness.results.folder import ResultsFolder
-from harness.run.runner import Runner
+from harness.engines.base import BatchOutput, Sampling, SequenceOutput
 from harness.engines.parts.server_process import free_port
+from harness.experiment.config import load_experiment
+from harness.results.folder import ResultsFolder
 from harness.results.store import Store
+from harness.run import seed_control
+from harness.run.runner import Runner
 
 from .conftest import PROMPTS, needs_llama
 from .test_llama_server import _have_server

@@ -64,10 +64,10 @@ def servers(tmp_path_factory):
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             self._relay(None)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self._relay(self.rfile.read(int(self.headers.get("Content-Length", 0))))
 
         def log_message(self, *args: object) -> None: ...
@@ -146,9 +146,9 @@ matrix:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    progress = [l for l in lines if l.startswith("progress: ")]
-    cells = [l for l in lines if re.match(r"cell [0-9a-f]{12} ok; \d/4 cells, \d+/\d+ gen\., ", l)]
+    progress = [ln for ln in lines if ln.startswith("progress: ")]
+    cells = [ln for ln in lines if re.match(r"cell [0-9a-f]{12} ok; \d/4 cells, \d+/\d+ gen\., ", ln)]
     assert progress and progress[0].startswith("progress: 0/16 generations, 0/4 cells")
     assert len(cells) == 4 and cells[-1].startswith("cell ") and "4/4 cells, 16/16 gen." in cells[-1]
-    assert all(len(l) <= 80 for l in progress + cells)
+    assert all(len(ln) <= 80 for ln in progress + cells)
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", done.stdout)  # no control characters: no bar redrawn

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+
 import pytest
 
 from harness.analysis import metrics

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment.config import load_experiment
 from harness.core.errors import HarnessError
-from harness.results.folder_lock import exclusive
-from harness.results.folder import ResultsFolder, landing_rule
+from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
+from harness.results.folder import ResultsFolder, landing_rule
+from harness.results.folder_lock import exclusive
 from harness.run.runner import Runner
 
 from .conftest import PROMPTS, needs_llama, run_harness
@@ -215,8 +215,8 @@ def test_the_gate_fails_on_cells_that_never_ran_or_were_skipped(tmp_path):
 
 
 def test_an_experiments_rule_on_an_option_it_does_not_sweep_is_refused_at_load(write):
-    from harness.experiment.config import load_experiment
     from harness.core.errors import ConfigError
+    from harness.experiment.config import load_experiment
 
     write("p.yaml", PROMPTS)
     path = write("exp.yaml", "name: x\nprompts: p.yaml\nmatrix:\n  model: [m]\nexpect:\n"
@@ -265,7 +265,8 @@ def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
                                             target_tokens_per_s=10.0, batch_tokens_per_s=10.0)], "t")
     results = open_results(folder.root)
     rows = results.read_rows(metrics.ROW_COLUMNS)
-    with pytest.raises(HarnessError, match=r"host differs between paired rows .* node-b \(GPU-node-b\) vs .* node-a \(GPU-node-a\)"):
+    split = r"host differs between paired rows .* node-b \(GPU-node-b\) vs .* node-a \(GPU-node-a\)"
+    with pytest.raises(HarnessError, match=split):
         metrics.summarize(rows, results.tokens_for)
     summary = metrics.summarize(rows, results.tokens_for, allow_mixed={"host"})  # on purpose
     from harness.report.table import machine_lines

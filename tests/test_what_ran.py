@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from harness.run import enforced
 from harness.results.store import Store
+from harness.run import enforced
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
 

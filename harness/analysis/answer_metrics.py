@@ -79,8 +79,8 @@ def answer_summary(
     """One record per setting: answer agreement, accuracy with intervals, and the change against the reference."""
     keys = keys_of(rows)
     ok = answered(rows, prompts)
-    columns = keys + ["prompts", "runs", "single_run_prompts", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high", "best",
-                      "worst", "spread", "answer_agreement", "prompts_changed", "accuracy_diff", "diff_low",
+    columns = keys + ["prompts", "runs", "single_run_prompts", "tar_r", "tar_a", "accuracy", "accuracy_low", "accuracy_high",
+                      "best", "worst", "spread", "answer_agreement", "prompts_changed", "accuracy_diff", "diff_low",
                       "diff_high", "length_spread_median", "length_spread_max", "reference"]
     if ok.empty:  # no prompt with a parse rule (most experiments): none of the pairing below is needed
         return pd.DataFrame(columns=columns)

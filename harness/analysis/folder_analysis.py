@@ -12,10 +12,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.analysis import (answer_metrics, by_setting, flips, guarantees, latency, metrics, near_ties,
-                               survival)
+from harness.analysis import answer_metrics, by_setting, flips, guarantees, latency, metrics, near_ties, survival
 from harness.results import provenance_fields
-from harness.run.probes import PROBE_COLUMNS
+from harness.results.columns import PROBE_COLUMNS
 from harness.results.folder import Results
 from harness.results.rows import auto_fallbacks
 

@@ -12,8 +12,8 @@ import pandas as pd
 from harness.analysis.metrics import keys_of, select_setting
 from harness.core.errors import HarnessError
 from harness.core.redaction import redact
-from harness.experiment.varying import varying
 from harness.experiment.config import CONDITIONS, Expectation
+from harness.experiment.varying import varying
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,10 @@ def evaluate(
     setting columns); `settings` and `flips` give the per-setting table (with guarantee classes)
     and the departed runs, for the rules that read them."""
     missing = pd.DataFrame(columns=["cell_id"]) if missing is None else missing
-    empty = (lambda: pd.DataFrame(columns=["compared", "temperature", "guarantee", "flip_margin"]))
+
+    def empty() -> pd.DataFrame:
+        return pd.DataFrame(columns=["compared", "temperature", "guarantee", "flip_margin"])
+
     settings, flips = settings or empty, flips or empty
     verdicts = []
     for index, rule in enumerate(rules):

@@ -15,26 +15,10 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import latency
-from harness.results import provenance_fields
-from harness.experiment.config import AXES, option_axis
-from harness.analysis.reference_rules import (DEFAULT_REFERENCE, REFERENCE_RUNS, parse_reference,  # noqa: F401
-                                              refuse_reference_run)
 from harness.core.errors import HarnessError, UsageError
-
-#: Columns that identify comparable settings (a cell, minus the ids).
-KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)
-
-
-def option_columns(frame: pd.DataFrame) -> list[str]:
-    """The swept engine-option columns of a frame ('llamacpp.flash_attn', ...), in order."""
-    return [c for c in frame.columns if option_axis(c) is not None]
-
-
-def keys_of(frame: pd.DataFrame, drop: Iterable[str] = ()) -> list[str]:
-    """The setting columns that make runs comparable: the fixed axes, max_tokens and swept options."""
-    drop = set(drop)
-    return [c for c in list(KEY_COLUMNS) + option_columns(frame) if c not in drop]
-
+from harness.experiment.reference_rules import DEFAULT_REFERENCE, REFERENCE_RUNS, parse_reference, refuse_reference_run  # noqa: F401
+from harness.results import provenance_fields
+from harness.results.columns import KEY_COLUMNS, keys_of, option_columns
 
 PROBE_STAT_COLUMNS = [
     "probe_steps", "probe_steps_differed", "probe_logits_compared", "probe_logits_differed",

@@ -3,7 +3,7 @@
 An engine upgrade, a provider or a quantised copy (B) is judged against a trusted setting (A) by
 how far B's runs are from A's own re-scoring, measured against how far A's own runs are from it:
 
-- A's scorer is A's setting, loaded alone with no cache (harness.analysis.rescore.Scorer).
+- A's scorer is A's setting, loaded alone with no cache (harness.run.rescore.Scorer).
 - Every run, of A and of B, gets one value: the mean over its tokens of
   |decode-time log-probability - A's scoring log-probability|. A run whose tokens A would not
   have chosen, or whose probabilities A would not have given, scores high.
@@ -19,15 +19,10 @@ Runs of prompts that A does not have, or has with another text, are left out and
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
-
-from harness.experiment.matrix import expand
-from harness.analysis.metrics import KEY_COLUMNS, keys_of
-from harness.analysis.rescore import Scorer, deltas, not_here, scorable, scorer_spec, scoring_machine
-from harness.results.folder import Results
 
 PERMUTATIONS = 4000
 ALPHA = 0.05
@@ -63,54 +58,17 @@ def permutation_p(a: pd.DataFrame, b: pd.DataFrame, seed: int = 0, draws: int = 
     return observed, (1 + hits) / (1 + draws)
 
 
-def _values(results: Results, runs: pd.DataFrame, scorer: Scorer, texts: dict[str, str]) -> pd.DataFrame:
-    """Each run's mean |decode - score| under `scorer`."""
-    tokens = results.tokens_for(set(runs["output_hash"]))
-    decode = results.folder.store.values_at("logprobs", runs)
-    values = []
-    for r, lp in zip(runs.itertuples(index=False), decode):
-        d = deltas(lp, scorer(texts[r.prompt_id], r.output_hash, tokens[r.output_hash]))
-        values.append(float(np.abs(d).mean()) if len(d) else np.nan)
-    return runs.assign(value=values)
-
-
-def within_noise(a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",),
-                 log: Callable[[str], None] = print, any_device: bool = False) -> pd.DataFrame:
-    """One record per A setting (its keys but batch size and the ignored axes) that B has: COLUMNS.
-    A's scorer computes here: a setting whose A runs ran on a GPU this machine lacks is not scored
-    unless `any_device` (harness.analysis.rescore.misplaced)."""
-    runs_a, runs_b = scorable(a, log), scorable(b, log)
-    here = scoring_machine()
-    setting_a = a.read_rows(columns=["cell_id", *KEY_COLUMNS]).drop_duplicates("cell_id")
-    setting_b = b.read_rows(columns=["cell_id", *KEY_COLUMNS]).drop_duplicates("cell_id")
-    keys = [k for k in keys_of(setting_a, drop=set(ignore) | {"batch_size"}) if k in setting_a and k in setting_b]
-    runs_a = runs_a.drop(columns="context_tokens").merge(setting_a, on="cell_id")
-    runs_b = runs_b.drop(columns="context_tokens").merge(setting_b, on="cell_id")
-    cells = {c.id: (c, loaded) for loaded in a.experiments for c in expand(loaded)}
-    texts_b = {p.id: p.text for loaded in b.experiments for p in loaded.prompt_set.prompts}
+def judge(scored: Iterable[dict[str, Any]], keys: list[str]) -> pd.DataFrame:
+    """One record per setting (`keys` + COLUMNS) from what scoring gave each (harness.run.noise_scoring):
+    the setting, `left_out`, and either `why` it was not scored or the frames `a` and `b` of each run's
+    `value`, `prompt_id` and `output_hash`."""
     records = []
-    for key, part_a in runs_a.groupby(keys, dropna=False, sort=True):
-        setting = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        mask = np.ones(len(runs_b), dtype=bool)
-        for k, v in setting.items():
-            mask &= (runs_b[k].isna() if pd.isna(v) else runs_b[k] == v).to_numpy()
-        part_b = runs_b[mask]
-        if part_b.empty:
+    for item in scored:
+        setting, left_out = item["setting"], item["left_out"]
+        if item.get("why"):
+            records.append(setting | {"verdict": f"not scored: {item['why']}", "left_out": left_out})
             continue
-        cell, loaded = cells[part_a["cell_id"].iloc[0]]
-        texts = {p.id: p.text for p in loaded.prompt_set.prompts}
-        same_text = part_b["prompt_id"].map(lambda p: p in texts and texts_b.get(p) == texts[p]).astype(bool)
-        left_out = int((~same_text).sum())
-        part_b = part_b[same_text]
-        scorer = Scorer(scorer_spec(cell.load_spec()), loaded.base, log, here)
-        why = scorer.refusal or not_here(part_a, here, any_device)
-        if why:
-            records.append(setting | {"verdict": f"not scored: {why}", "left_out": left_out})
-            continue
-        log(f"scoring {len(part_a)} run(s) of A and {len(part_b)} of B with {scorer.label}")
-        with scorer:
-            va = _values(a, part_a, scorer, texts)
-            vb = _values(b, part_b, scorer, texts)
+        va, vb = item["a"], item["b"]
         difference, p = permutation_p(va, vb)
         modal = va.groupby("prompt_id")["output_hash"].agg(lambda s: s.value_counts().index[0])
         beyond = p == p and p < ALPHA and difference > 0

@@ -119,8 +119,8 @@ def open_analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (
                   confident: float | None = None) -> Any:
     """The folder read against `--reference` and `--reference-run` under `--allow-mixed`
     (harness.analysis.folder_analysis): reading only."""
-    from harness.analysis.folder_analysis import Analysis
     from harness.analysis.flips import CONFIDENT
+    from harness.analysis.folder_analysis import Analysis
     from harness.analysis.near_ties import NEAR_TIE
 
     return Analysis.parsed(open_folder(folder, all_cells), reference, allow_mixed, reference_run,

@@ -7,8 +7,18 @@ from typing import Optional
 
 import typer
 
-from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, CONFIDENT_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
-                                allowed, command, console, open_analysis)
+from harness.cli.common import (
+    ALL_CELLS_HELP,
+    ALLOW_MIXED_HELP,
+    CONFIDENT_HELP,
+    NEAR_TIE_HELP,
+    REFERENCE_HELP,
+    REFERENCE_RUN_HELP,
+    allowed,
+    command,
+    console,
+    open_analysis,
+)
 
 
 @command()
@@ -43,7 +53,8 @@ def plot(
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
     near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
-    fmt: list[str] = typer.Option(["png", "svg"], "--format", "-f", help="png and/or svg (repeatable); csv alone writes only the numbers, drawing nothing."),
+    fmt: list[str] = typer.Option(["png", "svg"], "--format", "-f",
+                                  help="png and/or svg (repeatable); csv alone writes only the numbers, drawing nothing."),
     allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:

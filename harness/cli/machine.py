@@ -67,7 +67,7 @@ def doctor(
         sys.stdout.write(report.as_json() + "\n")
     else:
         screen = console()
-        for line in doctor_lines(report, None if experiment is None else str(experiment)):
+        for line in doctor_lines(report.as_data(), None if experiment is None else str(experiment)):
             screen.print(line)
     if report.missing:
         raise typer.Exit(1)

@@ -8,8 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from harness.cli.common import (ALL_CELLS_HELP, allowed, command, data_console, open_folder, stdout_to_stderr,
-                                write_frame)
+from harness.cli.common import ALL_CELLS_HELP, allowed, command, data_console, open_folder, stdout_to_stderr, write_frame
 
 
 @command()
@@ -31,7 +30,8 @@ def replay(
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per replayer, cell and prompt."),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
-    """Feed every recorded token of each ok run back through a decode loop, under the run's own setting or another, and compare the whole output with the source, not only up to the first split.
+    """Feed every recorded token of each ok run back through a decode loop, under the run's own setting or
+    another, and compare the whole output with the source, not only up to the first split.
 
     Per step the replayer gives the forced token's log-probability, its top-1/top-2 margin and the
     token it would have picked itself. Per run: mean and max |delta logprob| against the recorded
@@ -39,9 +39,9 @@ def replay(
     token ('would have split here'). Replays are stored in RESULTS/replayed/ (the rows are not
     touched): read them again with --stats-only.
     """
-    from harness.analysis import replay as replaying
     from harness.experiment.settings_args import parse_settings
     from harness.report.replay_view import replay_table
+    from harness.run import replay as replaying
 
     allowed("--format", fmt, ("table", "json", "csv"))
     parse_settings([f"{a}={v}" for a, v in (("engine", engine), ("dtype", dtype)) if v], "--engine/--dtype")

@@ -12,10 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli.common import (REFERENCE_HELP, REFERENCE_RUN_HELP, allowed, command, console, open_analysis,
-                                open_folder)
+from harness.cli.common import REFERENCE_HELP, REFERENCE_RUN_HELP, allowed, command, console, open_analysis, open_folder
 from harness.core.errors import HarnessError, UsageError, describe_os_error
-
 
 #: what the summary after a run imports, loaded while the engine worker runs (the summary itself then
 #: takes a tenth of a second on a small folder)
@@ -103,8 +101,8 @@ def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str
          where: list[str], reference: list[str], reference_run: str, summary: bool, timeout: Optional[float],
          checkpoint_every: float, progress: str, spare: Any) -> None:
     """The body of `run`, with a spare worker (harness.run.spare.SpareWorker) for the first engine load."""
-    from harness.analysis.reference_rules import refuse_reference
     from harness.experiment.matrix import expand, group, refuse_ignored
+    from harness.experiment.reference_rules import refuse_reference
     from harness.experiment.selection import Selection, apply, parse_shard
     from harness.experiment.settings_args import parse_settings
     from harness.report.progress import reporter_for
@@ -195,9 +193,9 @@ def _summary_after_run(screen: Console, out: Path, title: str, reference: list[s
 
 
 def _rescore_after_run(screen: Console, out: Path, ran: set[str]) -> None:
-    """`rescore: true`: the cells this run ran, scored by their own setting (harness.analysis.rescore); a scorer
+    """`rescore: true`: the cells this run ran, scored by their own setting (harness.run.rescore); a scorer
     that cannot is said, and the run's exit code stays the run's."""
-    from harness.analysis import rescore as scoring
+    from harness.run import rescore as scoring
 
     try:
         written, refused = scoring.rescore(open_folder(out), log=lambda m: screen.print(escape(m)), cell_ids=ran)

@@ -13,17 +13,38 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from harness.cli.common import (ALL_CELLS_HELP, ALLOW_MIXED_HELP, CONFIDENT_HELP, NEAR_TIE_HELP, REFERENCE_HELP, REFERENCE_RUN_HELP,
-                                allowed, command, console, data_console, open_analysis, open_folder,
-                                stdout_to_stderr, write_frame)
+from harness.cli.common import (
+    ALL_CELLS_HELP,
+    ALLOW_MIXED_HELP,
+    CONFIDENT_HELP,
+    NEAR_TIE_HELP,
+    REFERENCE_HELP,
+    REFERENCE_RUN_HELP,
+    allowed,
+    command,
+    console,
+    data_console,
+    open_analysis,
+    open_folder,
+    stdout_to_stderr,
+    write_frame,
+)
 from harness.core.errors import HarnessError, UsageError
 from harness.report.plain import PlainTable
 
 
 def print_summaries(screen: Console, title: str, analysis: Any) -> None:
     """The summary table, its verdict lines, and the cost, probe and answer tables where there are any."""
-    from harness.report.table import (answer_table, machine_lines, preemption_lines, probe_table, serving_table,
-                                      slowdown_table, summary_table, verdict_lines)
+    from harness.report.table import (
+        answer_table,
+        machine_lines,
+        preemption_lines,
+        probe_table,
+        serving_table,
+        slowdown_table,
+        summary_table,
+        verdict_lines,
+    )
 
     summary, cost, probes, answers = analysis.summary, analysis.slowdown, analysis.probes, analysis.answers
     screen.print(summary_table(summary, f"{title} (reference: {summary['reference'].iloc[0]})"))
@@ -56,7 +77,8 @@ def summarize(
         help="With json/csv: 'cells' (per cell and prompt), 'settings' (per setting: divergence rate and its "
              "bounds, median tokens to divergence, near ties), 'slowdown' (batch-invariant cost), 'probes' (logit "
              "probes), 'latency' (per setting: TTFT, ITL, TPOT, E2EL at p50/p90/p99 and their ratios against the "
-             "reference setting; also as a table), 'answers' (answer agreement and accuracy per setting), 'survival' (share still identical "
+             "reference setting; also as a table), 'answers' (answer agreement and accuracy per setting), "
+             "'survival' (share still identical "
              "after t tokens), 'flips_by_margin' (departures per step by margin bucket) or 'flips' (each departed run "
              "with the reference's margin where it split and its flip class). 'splits': where the "
              "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
@@ -67,7 +89,8 @@ def summarize(
                               "(and probes, answers, survival, flips_by_margin, flips where there are any) into the "
                               "results folder, as 'harness run' does."),
 ) -> None:
-    """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence; and, where cells differ only in batch_invariant, what the mode costs.
+    """Statistics per cell and prompt: unique outputs, match rate vs the reference, first divergence; and,
+    where cells differ only in batch_invariant, what the mode costs.
 
     Reads only: the folder may be read-only (unless --save).
     """
@@ -131,14 +154,16 @@ def rescore(
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per scorer, cell and prompt."),
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
 ) -> None:
-    """Prefill each ok run's prompt + output in one pass, alone and without a cache, and compare the log-probability the scorer gives each generated token with the one decoding gave it: mean and max |delta|, the k3 KL estimate and the share of tokens beyond --threshold.
+    """Prefill each ok run's prompt + output in one pass, alone and without a cache, and compare the
+    log-probability the scorer gives each generated token with the one decoding gave it: mean and max
+    |delta|, the k3 KL estimate and the share of tokens beyond --threshold.
 
     The scorer is the run's own engine, model and dtype unless --engine or --dtype says otherwise;
     scores are stored in RESULTS/rescored/ (the rows are not touched), so the figures can be read
     again with --stats-only.
     """
-    from harness.analysis import rescore as scoring
     from harness.experiment.settings_args import parse_settings
+    from harness.run import rescore as scoring
 
     allowed("--format", fmt, ("table", "json", "csv"))
     # bad values are refused before anything loads
@@ -192,7 +217,7 @@ def compare(
     all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
     score: bool = typer.Option(False, "--score", help="Judge B against A's own noise: every run of both re-scored "
                                "by A's setting (llamacpp, vllm), mean |delta logprob| of B's runs against A's "
-                               "repeats and batch sizes, with a permutation p-value (harness.analysis.noise_floor)."),
+                               "repeats and batch sizes, with a permutation p-value (harness.run.noise_floor)."),
     gate: bool = typer.Option(False, "--gate", help="With --score: exit 1 when B is beyond A's noise in any "
                               "setting (an engine upgrade or a provider that must stay within it)."),
     any_device: bool = typer.Option(False, "--any-device", help="With --score: score A's runs here even where they "
@@ -214,10 +239,11 @@ def compare(
     folders (host, GPU, driver, CUDA, library versions) is printed above the table.
     """
     from harness.analysis.compare import compare as run_compare
-    from harness.analysis.metrics import KEY_COLUMNS, parse_allow_mixed
+    from harness.analysis.metrics import parse_allow_mixed
     from harness.analysis.op_maps import is_op_map
     from harness.experiment.config import option_axis
     from harness.experiment.settings_args import parse_settings
+    from harness.results.columns import KEY_COLUMNS
 
     allowed("--format", fmt, ("table", "json", "csv"))
     if is_op_map(a) or is_op_map(b):
@@ -248,10 +274,12 @@ def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool, 
     """`compare --score`: one verdict per setting, as lines or records; exit 1 under --gate when one is beyond."""
     from harness.analysis import noise_floor
     from harness.report.compare_view import noise_floor_lines
+    from harness.run.noise_scoring import score_settings
 
     screen = data_console(fmt)
     with stdout_to_stderr(fmt != "table"):
-        frame = noise_floor.within_noise(a, b, ignore, log=lambda m: screen.print(escape(m)), any_device=any_device)
+        keys, scored = score_settings(a, b, ignore, log=lambda m: screen.print(escape(m)), any_device=any_device)
+        frame = noise_floor.judge(scored, keys)
     if fmt in ("json", "csv"):
         write_frame(frame, fmt)
     else:
@@ -266,7 +294,8 @@ def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool, 
 @command()
 def check(
     results: Path = typer.Argument(..., help="Results folder."),
-    expect: Optional[Path] = typer.Option(None, "--expect", help="A YAML file with an 'expect:' list (default: the experiment's)."),
+    expect: Optional[Path] = typer.Option(None, "--expect",
+                                          help="A YAML file with an 'expect:' list (default: the experiment's)."),
     reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
     reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),

@@ -190,8 +190,9 @@ def redact_text(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> 
 
     def hide(match: re.Match[str]) -> str:
         name, sep, value = match.groups()
+        # short or numeric values pass: 'EOS token = 2' in a llama.cpp log is no credential
         if (not secret_name(name) or value.startswith("$") or value == REDACTED or "://" in value
-                or len(value) < 6 or value.isdigit() or value.lower() in ("bearer", "basic")):  # 'EOS token = 2' in a llama.cpp log is no credential
+                or len(value) < 6 or value.isdigit() or value.lower() in ("bearer", "basic")):
             return match.group(0)
         return f"{name}{sep}{REDACTED}"
 

@@ -215,13 +215,13 @@ class Engine(ABC):
     rehearsed: ClassVar[bool] = False
     #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
     logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
-    #: why `score` (harness.analysis.rescore) cannot run on this engine; None where it can
+    #: why `score` (harness.run.rescore) cannot run on this engine; None where it can
     score_unavailable: ClassVar[str | None] = ("re-scoring needs the log-probability of every given token from "
                                                "one prefill, which this engine does not hand out here "
                                                "(llamacpp and vllm do)")
 
     #: why this engine cannot replay a recorded output through its decode loop (`generate(...,
-    #: force=tokens)`, harness.analysis.replay); None where it can
+    #: force=tokens)`, harness.run.replay); None where it can
     replay_unavailable: ClassVar[str | None] = ("forced decoding feeds recorded tokens into the decode loop, which "
                                                 "this engine does not run in this process (llamacpp does)")
 
@@ -232,7 +232,7 @@ class Engine(ABC):
 
     @classmethod
     def replay_spec(cls, spec: LoadSpec) -> LoadSpec:
-        """The load that replays runs of `spec` (harness.analysis.replay): `spec` itself, unless the
+        """The load that replays runs of `spec` (harness.run.replay): `spec` itself, unless the
         engine needs something loaded for forced decoding (vLLM: its forcing logits processor)."""
         return spec
 
@@ -313,7 +313,7 @@ class Engine(ABC):
 
     def score(self, prompt: str, tokens: list[int]) -> list[float]:
         """The log-probability of each of `tokens` after `prompt` (templated as `generate` templates
-        it) and the tokens before it, from one prefill, alone, without a cache (harness.analysis.rescore).
+        it) and the tokens before it, from one prefill, alone, without a cache (harness.run.rescore).
         Default: refused with `score_unavailable`."""
         raise Unsupported(f"{self.name}: {self.score_unavailable}")
 

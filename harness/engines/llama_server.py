@@ -21,26 +21,25 @@ from typing import Any
 from pydantic import Field
 
 from harness.core.process_end import died_of, how_it_ended
-from harness.models import catalog as models
-from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
-    AutoOnOff,
-    Finding,
     HONOUR,
-    Refuse,
+    AutoOnOff,
     BatchOutput,
     Engine,
     EngineOptions,
+    Finding,
     LoadSpec,
     Log,
+    Refuse,
     Sampling,
     SequenceOutput,
     StepObserver,
 )
-from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
 from harness.engines.parts import cpu_kernels
-from harness.engines.parts.server_process import (ManagedServer, free_port, get_json, log_dir, post_concurrently,
-                                                     post_json)
+from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
+from harness.engines.parts.llama_offload import gpu_layers, offload_state
+from harness.engines.parts.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently, post_json
+from harness.models import catalog as models
 
 
 class LlamaServerOptions(EngineOptions):
@@ -150,7 +149,8 @@ class LlamaServerEngine(Engine):
         "engine": HONOUR,
         "dtype": HONOUR,
         "gpu": HONOUR,
-        "batch_invariant": Refuse("llama-server has no batch-invariant mode; its results may depend on slot count and batch size"),
+        "batch_invariant": Refuse("llama-server has no batch-invariant mode; its results may depend on slot count and "
+                                  "batch size"),
         "batch_size": HONOUR,
         "seed": HONOUR,
         "temperature": HONOUR,
@@ -233,8 +233,8 @@ class LlamaServerEngine(Engine):
         self._lengths: dict[str, int] = {}
         try:
             out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=30)
-            self.server_version = next((l.split(":", 1)[1].strip() for l in (out.stdout + out.stderr).splitlines()
-                                        if l.startswith("version:")), "")
+            self.server_version = next((line.split(":", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
+                                        if line.startswith("version:")), "")
         except (OSError, subprocess.SubprocessError):
             self.server_version = ""
         self.build_sha256 = build_sha256(Path(self.binary))

@@ -8,42 +8,41 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-from importlib import metadata
 import logging
 import math
 import os
 import re
 import sys
-from pathlib import Path
 import time
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import Field
 
-from harness.models import catalog as models
-from harness.engines.parts.chat_template import ChatTemplate
 from harness.core import native_preload
-from harness.engines.parts import cpu_kernels
-from harness.engines.parts.child_probe import probe_in_child
-from harness.engines.parts.llama_offload import gpu_layers, offload_state
 from harness.engines.base import (
-    AutoOnOff,
-    Finding,
     HONOUR,
-    Refuse,
-    template_sha256,
+    AutoOnOff,
     BatchOutput,
     Engine,
     EngineOptions,
+    Finding,
     LoadSpec,
     Log,
+    Refuse,
     Sampling,
     SequenceOutput,
     StepObserver,
     Unsupported,
+    template_sha256,
 )
-
+from harness.engines.parts import cpu_kernels
+from harness.engines.parts.chat_template import ChatTemplate
+from harness.engines.parts.child_probe import probe_in_child
+from harness.engines.parts.llama_offload import gpu_layers, offload_state
+from harness.models import catalog as models
 
 INSTALL_CUDA = ('CMAKE_ARGS="-DGGML_CUDA=on -DLLAVA_BUILD=OFF" pip install --force-reinstall --no-cache-dir '
                 '--no-deps llama-cpp-python')

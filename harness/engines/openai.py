@@ -18,13 +18,22 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pydantic import Field, model_validator
 
 from harness.core import native_preload
-from harness.models import catalog as models
+from harness.core.redaction import is_reference, redact_url
 from harness.engines.base import (
-    HONOUR, BatchOutput, Engine, EngineOptions, LoadSpec, Log, Refuse, Sampling, SequenceOutput, Unsupported,
+    HONOUR,
+    BatchOutput,
+    Engine,
+    EngineOptions,
+    LoadSpec,
+    Log,
+    Refuse,
+    Sampling,
+    SequenceOutput,
+    Unsupported,
 )
 from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
-from harness.core.redaction import is_reference, redact_url
 from harness.engines.parts.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
+from harness.models import catalog as models
 
 
 class OpenAIOptions(EngineOptions):
@@ -63,18 +72,24 @@ class OpenAIEngine(Engine):
         "engine": HONOUR,
         "dtype": Refuse("the openai engine cannot choose a dtype; the server's is used (set dtype: auto)"),
         "gpu": HONOUR,
-        "batch_invariant": Refuse("the openai engine cannot switch a server's batch-invariant mode; launch the server with it and say so in 'model'"),
+        "batch_invariant": Refuse("the openai engine cannot switch a server's batch-invariant mode; launch the server "
+                                  "with it and say so in 'model'"),
         "batch_size": HONOUR,
         "seed": HONOUR,
         "temperature": HONOUR,
         "top_p": HONOUR,
         "top_k": HONOUR,
-        "prefix_cache": Refuse("the OpenAI-compatible API has no per-request prefix-cache control (cold / warm); the server's own setting applies: use prefix_cache: off and say how the server was started"),
+        "prefix_cache": Refuse("the OpenAI-compatible API has no per-request prefix-cache control (cold / warm); the "
+                               "server's own setting applies: use prefix_cache: off and say how the server was started"),
         "context_tokens": HONOUR,
-        "prefill_chunk": Refuse("the openai engine cannot set prefill_chunk per request; start the server with it and keep prefill_chunk: auto"),
-        "kv_cache_dtype": Refuse("the openai engine cannot set kv_cache_dtype per request; start the server with it and keep kv_cache_dtype: auto"),
-        "kv_cache_tokens": Refuse("the openai engine cannot size a server's KV cache per request; start the server with it and keep kv_cache_tokens: 0"),
-        "draft_tokens": Refuse("the openai engine cannot turn on speculative decoding per request; start the server with it and keep draft_tokens: 0"),
+        "prefill_chunk": Refuse("the openai engine cannot set prefill_chunk per request; start the server with it "
+                                "and keep prefill_chunk: auto"),
+        "kv_cache_dtype": Refuse("the openai engine cannot set kv_cache_dtype per request; start the server with it "
+                                 "and keep kv_cache_dtype: auto"),
+        "kv_cache_tokens": Refuse("the openai engine cannot size a server's KV cache per request; start the server with it "
+                                  "and keep kv_cache_tokens: 0"),
+        "draft_tokens": Refuse("the openai engine cannot turn on speculative decoding per request; start the server with it "
+                               "and keep draft_tokens: 0"),
         "filler_tokens": HONOUR,
         "environment": HONOUR,  # the worker's interpreter: any engine runs in another venv
     }
@@ -165,7 +180,7 @@ class OpenAIEngine(Engine):
         if self._vocab is None:
             try:
                 path = models.resolve_gguf(self.spec.model, self._base)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise RuntimeError(f"the server gave no token ids and no tokenizer is known for '{self.spec.model}'") from exc
             import llama_cpp as ll
 

@@ -15,24 +15,24 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from harness.models import catalog as models
 from harness.engines.base import (
-    Finding,
     HONOUR,
-    template_sha256,
     BatchOutput,
     Engine,
     EngineOptions,
+    Finding,
     LoadSpec,
     Log,
     Sampling,
     SequenceOutput,
     StepObserver,
     Unsupported,
+    template_sha256,
 )
-from harness.engines.parts.child_probe import probe_in_child
 from harness.engines.parts import vllm_steps
+from harness.engines.parts.child_probe import probe_in_child
 from harness.engines.parts.end_of_generation import without_end
+from harness.models import catalog as models
 
 _DTYPES = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 #: kv_cache_dtype axis -> vLLM's kv_cache_dtype ('auto' is the model's dtype)
@@ -70,7 +70,8 @@ def batch_invariant_reason(vllm: dict[str, Any], attention_backend: str | None) 
 
 class VllmOptions(EngineOptions):
     added_later = ("speculative_method", "speculative_model", "speculative_extra")
-    attention_backend: str | None = Field(None, description="e.g. FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION; default: vLLM's choice")
+    attention_backend: str | None = Field(None, description="e.g. FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION; "
+                                                            "default: vLLM's choice")
     max_num_seqs: int | None = Field(None, ge=1, description="at least the largest batch size; default: vLLM's")
     max_num_batched_tokens: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = Field(False, description="off by default, as vLLM's own determinism tests run")
@@ -206,7 +207,7 @@ class VllmEngine(Engine):
         self.opts = VllmOptions.model_validate(spec.options)
         self.spec = spec
         self.model_path, self.model_sha256 = _resolve(spec.model, base, log)
-        import vllm  # noqa: F401 - imported here, in the worker, after the environment is set
+        import vllm
         from vllm import LLM
         from vllm.platforms import current_platform
 

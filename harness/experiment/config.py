@@ -8,12 +8,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, create_model, field_validator
 
-from harness.experiment import yamlsrc
-from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME
-from harness.engines.registry import engine_names, options_model
 from harness.core.errors import ConfigError
 from harness.core.redaction import redact, redact_text
+from harness.engines.registry import engine_names, options_model
+from harness.experiment import yamlsrc
 from harness.experiment.answers import ParseRule
+from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME
 from harness.experiment.prompts import (
     PromptItem,
     PromptSet,
@@ -22,6 +22,7 @@ from harness.experiment.prompts import (
     merge_prompt_sets,
     prompt_set_from_inline,
 )
+
 
 def option_axis(name: str) -> tuple[str, str] | None:
     """'ENGINE.OPTION' -> (engine, option) when it names a known engine; None for other names."""
@@ -109,8 +110,8 @@ class Cluster(Strict):
 
 #: the conditions an `expect:` rule may give
 CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "divergence_bound_max", "divergence_rate_min",
-              "logprobs_identical_min", "slowdown_max", "latency_ratio_max", "status", "accuracy_drop_max", "answer_agreement_min",
-              "confident_flips_max", "guarantee")
+              "logprobs_identical_min", "slowdown_max", "latency_ratio_max", "status", "accuracy_drop_max",
+              "answer_agreement_min", "confident_flips_max", "guarantee")
 #: guarantee classes, strongest first (harness.analysis.guarantees, which reads them from here)
 GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "undecided", "diverges")
 

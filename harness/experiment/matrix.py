@@ -9,14 +9,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.errors import ConfigError
+from harness.core.redaction import redact
+from harness.engines.base import Ignore, LoadSpec, Refuse, Sampling
+from harness.engines.registry import engine_class, options_model
 from harness.experiment import yamlsrc
 from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME, LATER_AXES_DEFAULTS, LATER_GROUP_DEFAULTS, LOAD_AXES
 from harness.experiment.config import LoadedExperiment, Matrix, option_axis, option_value
-from harness.engines.registry import engine_class, options_model
-from harness.engines.base import Ignore, LoadSpec, Refuse, Sampling
-from harness.core.errors import ConfigError
-from harness.core.redaction import redact
-
 
 
 def digest(payload: dict[str, Any], size: int = 12) -> str:

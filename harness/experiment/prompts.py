@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.core.errors import ConfigError
 from harness.experiment import yamlsrc
 from harness.experiment.answers import KINDS, ParseRule
-from harness.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from harness.core.log import Log
 from harness.core.errors import HarnessError
+from harness.core.log import Log
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.experiment.varying import varying
 from harness.analysis import metrics
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.axes import describe
+from harness.experiment.varying import varying
 
 #: the x axis of the agreement charts; every other setting that varies names a series
 X_AXIS = "batch_size"
@@ -74,8 +74,9 @@ def step_value(values: Any, k: int) -> float | None:
 
 
 def compute(analysis: Analysis) -> Charts:
-    """The charts of one analysis: its report rows, their pairing with the reference, and its answer, slowdown, survival and near-tie statistics. Margins are read for the departing runs
-    and their references only."""
+    """The charts of one analysis: its report rows, their pairing with the reference, and its answer,
+    slowdown, survival and near-tie statistics. Margins are read for the departing runs and their
+    references only."""
     rows, annotated = analysis.report_rows, analysis.paired
     margins_for = analysis.results.margins_for
     varying = varying_axes(rows)

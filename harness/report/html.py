@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.experiment.varying import varying
 from harness.analysis import metrics
-from harness.results import provenance_fields
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.config import AXES
-from harness.run.probes import PROBE_COLUMNS
+from harness.experiment.varying import varying
 from harness.report import charts as charts_mod
+from harness.results import provenance_fields
+from harness.results.columns import PROBE_COLUMNS
 from harness.results.folder import Results
 
 #: the folder's context shown in the page's header (harness.results.provenance_fields)

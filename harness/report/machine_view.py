@@ -9,22 +9,22 @@ from rich.markup import escape
 
 from harness.models import catalog
 from harness.report.plain import PlainTable
-from harness.run.doctor import Report
 
 _MARKS = {True: "[green]ok     [/green]", False: "[red]MISSING[/red]", None: "       "}
 
 
-def doctor_lines(report: Report, experiment: str | None) -> list[str]:
-    """The doctor's report as lines of rich markup (every fact escaped)."""
-    f = report.facts
+def doctor_lines(report: dict[str, Any], experiment: str | None) -> list[str]:
+    """The doctor's report (its plain data: facts, findings, ok) as lines of rich markup, every fact
+    escaped."""
+    f = report["facts"]
     lines = [f"python {f['python']}, harness {f['harness']}; cache {escape(f['cache']['path'])} "
              f"({f['cache']['bytes'] / 1e6:,.0f} MB); schedulers: "
              + (", ".join(k for k, v in f["schedulers"].items() if v) or "none found")]
-    for item in report.findings:
-        lines.append(f"{_MARKS[item.ok]} [bold]{escape(item.what)}[/bold]: {escape(item.detail)}")
-        if item.fix:
-            lines.append(f"        get it: {escape(item.fix)}")
-    if experiment is not None and not report.missing:
+    for item in report["findings"]:
+        lines.append(f"{_MARKS[item['ok']]} [bold]{escape(item['what'])}[/bold]: {escape(item['detail'])}")
+        if item["fix"]:
+            lines.append(f"        get it: {escape(item['fix'])}")
+    if experiment is not None and report["ok"]:
         lines.append(f"everything {escape(experiment)} needs is here")
     return lines
 

@@ -12,7 +12,6 @@ from harness.experiment.varying import varying
 from harness.report.plain import PlainTable
 from harness.results.status import FolderStatus
 
-
 #: the error column's width; longer causes are also printed whole below the table
 SHORT = 60
 

@@ -10,11 +10,10 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from harness.experiment.varying import varying
-from harness.experiment.axes import SHORT as AXIS_SHORT
-from harness.report.plain import PlainTable
-
 from harness.analysis.metrics import keys_of
+from harness.experiment.axes import SHORT as AXIS_SHORT
+from harness.experiment.varying import varying
+from harness.report.plain import PlainTable
 
 #: column names shortened in tables (the axes' own short names, harness.experiment.axes)
 SHORT = {**AXIS_SHORT, "prompt_id": "prompt"}
@@ -125,7 +124,8 @@ def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -
             text += (f"; divergence rate < {100 * bound:.0f}% (95% upper bound, prompts as the unit; "
                      f"pooled over runs: < {100 * pooled:.0f}%)")
         if int(rec.get("logprobs_compared") or 0):
-            text += f"; {int(rec['logprobs_identical_runs'])}/{int(rec['logprobs_compared'])} with bitwise-equal log-probabilities"
+            same, compared = int(rec["logprobs_identical_runs"]), int(rec["logprobs_compared"])
+            text += f"; {same}/{compared} with bitwise-equal log-probabilities"
         near = rec.get("near_ties")
         if near is not None and not pd.isna(near) and int(near) > 0:
             text += (f"; {int(near)} near ties ({rec['near_tie_density']:.0f} per 1000 tokens), "

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.experiment.config import Cluster, GpuResources, LoadedExperiment
 from harness.core.errors import HarnessError, UsageError
 from harness.core.redaction import redact_text, secret_values
+from harness.experiment.config import Cluster, GpuResources, LoadedExperiment
 from harness.experiment.matrix import Cell, expand, group
 from harness.experiment.selection import Selection, apply, units
 

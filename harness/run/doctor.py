@@ -18,12 +18,12 @@ from typing import Any
 
 import harness
 from harness.core import gpu_names
-from harness.models import catalog as models
-from harness.results import provenance
-from harness.experiment.config import LoadedExperiment
 from harness.engines.base import Finding, LoadSpec
 from harness.engines.registry import engine_class, engine_names
+from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, expand, refused_setting
+from harness.models import catalog as models
+from harness.results import provenance
 
 
 @dataclass
@@ -35,9 +35,12 @@ class Report:
     def missing(self) -> list[Finding]:
         return [f for f in self.findings if f.ok is False]
 
+    def as_data(self) -> dict[str, Any]:
+        """The report as plain data: what --format json prints and what the views read."""
+        return {"facts": self.facts, "findings": [asdict(f) for f in self.findings], "ok": not self.missing}
+
     def as_json(self) -> str:
-        return json.dumps({"facts": self.facts, "findings": [asdict(f) for f in self.findings],
-                           "ok": not self.missing}, indent=1, default=str)
+        return json.dumps(self.as_data(), indent=1, default=str)
 
 
 def _size(path: Path) -> int:

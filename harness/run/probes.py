@@ -23,12 +23,6 @@ REFERENCE = "same prompt decoded alone (batch of 1) in the same engine load"
 #: reference traces kept in memory; one is steps x vocabulary float32 values
 CACHE_BYTES = 1 << 30
 
-PROBE_COLUMNS = (
-    "probe_reference", "probe_steps", "probe_steps_differed", "probe_first_diff_step",
-    "probe_logits_compared", "probe_logits_differed", "probe_max_abs_diff", "probe_low_margin_frac",
-)
-
-
 @dataclass
 class Trace:
     """What a reference generation chose and saw: one token and one logit vector per step."""
@@ -124,7 +118,7 @@ def prefill_columns(decoded: Trace, prefilled: np.ndarray) -> dict[str, Any]:
 
 def step_kl(decode: np.ndarray, prefill: np.ndarray) -> float:
     """KL(decode || prefill) of one step's two full distributions (softmax of each logit vector), in
-    nats: the exact figure that re-scoring from stored rows can only estimate (harness.analysis.rescore)."""
+    nats: the exact figure that re-scoring from stored rows can only estimate (harness.run.rescore)."""
     p = decode.astype(np.float64) - decode.max()
     q = prefill.astype(np.float64) - prefill.max()
     log_p = p - np.log(np.exp(p).sum())

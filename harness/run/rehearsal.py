@@ -22,18 +22,18 @@ if __name__ == "__main__":  # before anything native loads: the engine's GPU bac
 
     ensure_from_argv()
 
-import json  # noqa: E402 - after the preload above
-import os  # noqa: E402
-import pickle  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import json
+import os
+import pickle
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
 
-from harness.core.native_preload import flag, last_before_engine  # noqa: E402
-from harness.core.process_end import died_of, how_it_ended, signal_word  # noqa: E402
-from harness.engines.base import Finding, LoadSpec  # noqa: E402
-from harness.engines.registry import engine_class  # noqa: E402
+from harness.core.native_preload import flag, last_before_engine
+from harness.core.process_end import died_of, how_it_ended, signal_word
+from harness.engines.base import Finding, LoadSpec
+from harness.engines.registry import engine_class
 
 TIMEOUT_S = 600
 #: the engine-info fields the finding names (where the engine gives them), and how it names them

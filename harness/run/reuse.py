@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.results import provenance_fields
 from harness.experiment.matrix import digest
 from harness.experiment.prompts import Batch, Prompt
+from harness.results import provenance_fields
 
 if TYPE_CHECKING:
     from harness.results.folder import ResultsFolder

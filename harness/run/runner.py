@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Protocol
 
-from harness.results import layout, provenance
-from harness.experiment.config import LoadedExperiment
+from harness.core.redaction import redact_text, scrub
 from harness.engines.registry import engine_class
+from harness.experiment.config import LoadedExperiment
+from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
+from harness.experiment.selection import Selection, apply
+from harness.results import layout, provenance
+from harness.results.folder import ResultsFolder
+from harness.results.rows import RowMaker
 from harness.run import environments
 from harness.run.ahead import group_environment
 from harness.run.launch import launch
 from harness.run.spare import SpareWorker
-from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
-from harness.core.redaction import redact_text, scrub
-from harness.results.folder import ResultsFolder
-from harness.results.rows import RowMaker
-from harness.experiment.selection import Selection, apply
 from harness.run.worker import WorkOrder, secrets_of
 
 

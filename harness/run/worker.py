@@ -14,7 +14,7 @@ if __name__ == "__main__":  # before anything native loads: the engine's GPU bac
 
     ensure_from_argv()
 
-import importlib  # noqa: E402 - after the preload above
+import importlib
 import json
 import os
 import pickle
@@ -232,8 +232,8 @@ class GroupRunner:
     def _context(self, engine: Any, cell: Cell) -> tuple[str, int]:
         """The cell's shared context (text, tokens); Unsupported where the engine cannot count tokens
         and the cell needs them counted (a context, or batch-mates of filler_tokens)."""
-        from harness.experiment.context import shared_context
         from harness.engines.base import Engine, Unsupported
+        from harness.experiment.context import shared_context
 
         if cell["filler_tokens"] > 0 and type(engine).count_tokens is Engine.count_tokens:
             raise Unsupported(f"filler_tokens {cell['filler_tokens']}: this engine has no tokenizer here to "
@@ -277,9 +277,9 @@ class GroupRunner:
     def _seed_check(self, engine: Any, cell: Cell) -> Any:
         """The seed control's verdict for this cell (harness.run.seed_control), or None where it does not
         apply (not asked for, greedy) or could not run (the cell's own runs then record why)."""
-        from harness.run import seed_control
-        from harness.experiment.context import with_context
         from harness.engines.base import Unsupported
+        from harness.experiment.context import with_context
+        from harness.run import seed_control
 
         if not self.exp.seed_control or cell["temperature"] <= 0:
             return None
@@ -345,8 +345,8 @@ class GroupRunner:
     def _cell_rows(self, engine: Any, cell: Cell, engine_cols: dict[str, Any], probes: Any,
                    progress: CellProgress) -> None:
         """Generate the cell's runs that no checkpoint or stale cell holds, into `progress`."""
-        from harness.experiment import answers
         from harness.engines.base import Unsupported
+        from harness.experiment import answers
         from harness.experiment.prompts import plan_batches
         from harness.run.reuse import run_key
 
@@ -413,8 +413,8 @@ class GroupRunner:
         progress.order = lambda r: (order[r["prompt_id"]], r["repeat"])
 
     def run(self) -> None:
-        from harness.engines.base import Unsupported
         from harness.core.redaction import redact_rows
+        from harness.engines.base import Unsupported
         from harness.run.probes import LogitProbes
 
         cells = self.order.cells
@@ -473,8 +473,8 @@ class CellProgress:
                  machine: dict[str, Any] | None = None,
                  what_ran: Callable[[], dict[str, Any]] | None = None) -> None:
         """`parts`: what this load's checkpoint files are named after (unique to the run and boot)."""
-        from harness.run.reuse import load_identity, same_load
         from harness.results.store import DONE_STATUSES
+        from harness.run.reuse import load_identity, same_load
 
         self.folder, self.cell_id, self.parts, self.every_s = folder, cell_id, parts, every_s
         self.here = load_identity(engine_cols, machine or {})

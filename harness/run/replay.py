@@ -13,7 +13,7 @@ minus the one the run had at decode time):
 
     steps              steps compared (both sides have a log-probability)
     mean_abs_delta     mean of |delta_i|; max_abs_delta its largest
-    k3_kl              mean of exp(delta_i) - 1 - delta_i (as harness.analysis.rescore)
+    k3_kl              mean of exp(delta_i) - 1 - delta_i (as harness.run.rescore)
     would_split_steps  steps where the replayer's own argmax is not the forced token: where, under
                        the replayer, the run would have split; first_would_split the earliest
     would_split_runs   (per cell and prompt) runs with at least one such step
@@ -41,11 +41,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.analysis.rescore import (PlacedEngine, deltas, not_here, read_side, run_stats, scorer_spec,
-                                      scoring_machine, side_path)
 from harness.experiment.matrix import digest, expand
 from harness.experiment.prompts import Batch, compose_batch
 from harness.results.folder import Results
+from harness.run.rescore import PlacedEngine, deltas, not_here, read_side, run_stats, scorer_spec, scoring_machine, side_path
 
 FOLDER = "replayed"
 SCHEMA = pa.schema([
@@ -182,7 +181,7 @@ def read_replays(root: Path) -> pd.DataFrame:
 
 def per_run(results: Results) -> pd.DataFrame:
     """Each replayed run against its source: RUN_COLUMNS, with the run's settings and the replayer."""
-    from harness.analysis.metrics import KEY_COLUMNS
+    from harness.results.columns import KEY_COLUMNS
 
     keys = list(KEY_COLUMNS) + results.option_axes
     replays = read_replays(results.root)
@@ -210,7 +209,7 @@ def per_run(results: Results) -> pd.DataFrame:
 
 def summary(results: Results) -> pd.DataFrame:
     """Per replayer, cell and prompt: SUMMARY_COLUMNS over its runs (every step weighs the same)."""
-    from harness.analysis.metrics import KEY_COLUMNS
+    from harness.results.columns import KEY_COLUMNS
 
     keys = list(KEY_COLUMNS) + results.option_axes
     runs = per_run(results)

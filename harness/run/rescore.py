@@ -285,7 +285,7 @@ def run_stats(delta: np.ndarray, threshold: float = THRESHOLD) -> dict[str, floa
 def summary(results: Results, threshold: float = THRESHOLD) -> pd.DataFrame:
     """Per scorer, cell and prompt: the module docstring's figures, pooled over the runs' tokens
     (every token weighs the same), with the cell's settings."""
-    from harness.analysis.metrics import KEY_COLUMNS
+    from harness.results.columns import KEY_COLUMNS
 
     keys = list(KEY_COLUMNS) + results.option_axes
     scores = read_scores(results.root)
