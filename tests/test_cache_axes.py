@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.analysis import gate, metrics
+from harness.analysis import divergence, gate, metrics
 from harness.core.errors import ConfigError
 from harness.engines.base import Sampling
+from harness.experiment import reference_rules
 from harness.experiment.config import Expectation, load_experiment
 from harness.experiment.context import fit, shared_context, with_context
 from harness.experiment.matrix import expand, group
@@ -94,9 +95,9 @@ def test_engine_options_as_axes(write):
     assert len({c.group_id for c in llama}) == 3  # each option value is a new engine load
     # rules select with the values rows hold (text for options, canonical names for axes)
     assert loaded.experiment.expect[0].where == {"llamacpp.n_ubatch": "16", "llamacpp.flash_attn": "off", "dtype": "f32"}
-    assert metrics.parse_reference(["llamacpp.n_ubatch=512"]) == {"llamacpp.n_ubatch": "512"}
+    assert reference_rules.parse_reference(["llamacpp.n_ubatch=512"]) == {"llamacpp.n_ubatch": "512"}
     with pytest.raises(Exception, match="llamacpp.n_ubatch 'x'"):
-        metrics.parse_reference(["llamacpp.n_ubatch=x"])
+        reference_rules.parse_reference(["llamacpp.n_ubatch=x"])
 
 
 def test_context_fits_the_wanted_token_count():
@@ -150,11 +151,11 @@ def test_logprob_rule_judges_only_compared_logprobs():
 
 
 def test_logprob_difference_is_bitwise():
-    assert metrics.logprob_difference([-1.0, -0.5], [-1.0, -0.5], 9) == (None, 0.0)
-    step, gap = metrics.logprob_difference([-1.0, -0.5, -2.0], [-1.0, -0.5000001, -3.0], 9)
+    assert divergence.logprob_difference([-1.0, -0.5], [-1.0, -0.5], 9) == (None, 0.0)
+    step, gap = divergence.logprob_difference([-1.0, -0.5, -2.0], [-1.0, -0.5000001, -3.0], 9)
     assert step == 1 and gap == pytest.approx(1.0)
-    assert metrics.logprob_difference([-1.0, -0.5, -2.0], [-1.0, -0.5, -3.0], 2) == (None, 0.0)  # only shared steps
-    assert metrics.logprob_difference([0.0], [-0.0], 1)[0] == 0  # not bitwise equal, though ==
+    assert divergence.logprob_difference([-1.0, -0.5, -2.0], [-1.0, -0.5, -3.0], 2) == (None, 0.0)  # only shared steps
+    assert divergence.logprob_difference([0.0], [-0.0], 1)[0] == 0  # not bitwise equal, though ==
 
 
 # -- the real llama.cpp engine --------------------------------------------------------------
@@ -228,7 +229,7 @@ def test_bitwise_logprobs_agree_with_the_stored_arrays(cache_rows):
     """Whatever this machine makes differ (batching an F32 model usually moves log-probabilities,
     but that is the hardware's business), the verdicts must be what the stored arrays say."""
     results, rows = cache_rows
-    ok = metrics.against_reference(rows, results.tokens_for, {"batch_size": 1}, (), results.logprobs_for)
+    ok = divergence.against_reference(rows, results.tokens_for, {"batch_size": 1}, (), results.logprobs_for)
     compared = ok[ok.logprobs_identical.notna()]
     assert len(compared) == len(ok[ok.ref_hash.notna()]) > 0
     lp = rows.set_index("logprobs_hash")["logprobs"].to_dict()
@@ -259,7 +260,7 @@ def test_tokens_agree_but_one_log_probability_moved(cache_rows):
     def logprobs_for(hashes):
         return stored(hashes - {"moved"}) | ({"moved": list(moved)} if "moved" in hashes else {})
 
-    ok = metrics.against_reference(edited, results.tokens_for, {"prefix_cache": "off"}, (), logprobs_for)
+    ok = divergence.against_reference(edited, results.tokens_for, {"prefix_cache": "off"}, (), logprobs_for)
     row = ok.loc[cold]
     assert row.matched == 1 and not row.logprobs_identical
     assert row.logprob_first_diff == 2 and 0 < row.logprob_max_abs_diff < 1e-5

@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.analysis import metrics, near_ties
+from harness.analysis import bounds, divergence, near_ties
 from harness.analysis.folder_analysis import Analysis
 from harness.analysis.gate import evaluate
 from harness.experiment.axes import LATER_AXES_DEFAULTS
 from harness.experiment.config import Expectation
+from harness.results.columns import keys_of
 from harness.results.folder import open_results
 
 from .conftest import needs_llama, row_for, run_harness, synthetic_folder
@@ -38,7 +39,7 @@ def _pairs(folder: Path, reference_seed: int = 1) -> pd.DataFrame:
     seed), with its reference run (first ok repeat there), walked token by token here."""
     rows = open_results(folder).read_rows()
     ok = rows[rows.status == "ok"]
-    keys = [k for k in metrics.keys_of(rows) if k != "seed"]
+    keys = [k for k in keys_of(rows) if k != "seed"]
     refs = ok[ok.seed == reference_seed].sort_values("repeat").drop_duplicates(keys + ["prompt_id"])
     out = []
     for r in ok.itertuples(index=False):
@@ -184,24 +185,24 @@ def test_answer_agreement_uses_the_reference_run_the_tokens_use():
 
 def test_a_tie_for_the_modal_output_goes_to_the_earlier_run_and_is_reported():
     frame = pd.DataFrame({"cell_id": "c", "prompt_id": "q", "repeat": [0, 1, 2, 3], "output_hash": ["b", "a", "a", "b"]})
-    chosen = metrics.reference_repeats(frame, "modal").iloc[0]
+    chosen = divergence.reference_repeats(frame, "modal").iloc[0]
     assert (chosen.reference_repeat, chosen.reference_share, bool(chosen.reference_tie)) == (0, 0.5, True)
     with pytest.raises(Exception, match="allowed: first, modal"):
-        metrics.reference_repeats(frame, "median")
+        divergence.reference_repeats(frame, "median")
 
 
 # -- bounds with prompts as the unit ----------------------------------------------------------------
 
 def test_prompt_bound_without_divergence_counts_prompts_not_runs():
     # 20 prompts x 10 runs, none departing: pooled says < 1.5 %, prompts as the unit < 13.9 %
-    pooled = metrics.upper95(0, 200)
-    clustered = metrics.prompt_upper95([0] * 20, [10] * 20)
+    pooled = bounds.upper95(0, 200)
+    clustered = bounds.prompt_upper95([0] * 20, [10] * 20)
     assert pooled == pytest.approx(1 - 0.05 ** (1 / 200)) and clustered == pytest.approx(1 - 0.05 ** (1 / 20))
     # divergences concentrated in one prompt of ten: the clustered bound is at least the pooled one
     d, n = [10] + [0] * 9, [10] * 10
-    assert metrics.prompt_upper95(d, n) >= metrics.upper95(10, 100)
-    assert metrics.prompt_upper95(d, n) == metrics.prompt_upper95(d, n)  # seeded: the same bound each time
-    assert math.isnan(metrics.prompt_upper95([3], [10]))  # one prompt cannot speak for others
+    assert bounds.prompt_upper95(d, n) >= bounds.upper95(10, 100)
+    assert bounds.prompt_upper95(d, n) == bounds.prompt_upper95(d, n)  # seeded: the same bound each time
+    assert math.isnan(bounds.prompt_upper95([3], [10]))  # one prompt cannot speak for others
 
 
 def _quiet(root: Path, prompts: int, repeats: int):
@@ -250,7 +251,7 @@ def test_plan_power_table_runs_needed_are_the_fewest_that_bound_the_rate(write):
 
     for target in power.TARGETS:
         n = power.trials_for(target)
-        assert metrics.upper95(0, n) < target <= metrics.upper95(0, n - 1)  # the fewest, by the exact bound
+        assert bounds.upper95(0, n) < target <= bounds.upper95(0, n - 1)  # the fewest, by the exact bound
     table = power.table(prompts=30, repeats=10).set_index("rate")
     assert table.loc[0.01, "runs_needed"] == 299 and table.loc[0.01, "repeats_needed"] == 10
     assert bool(table.loc[0.01, "bounded_pooled"]) and not bool(table.loc[0.01, "bounded_prompts"])

@@ -13,6 +13,7 @@ from harness.analysis import latency, metrics
 from harness.experiment.axes import LATER_AXES_DEFAULTS
 from harness.experiment.config import Expectation
 from harness.report.table import preemption_lines, serving_table
+from harness.results import columns
 
 SETTINGS = dict(model="m", engine="vllm", dtype="auto", gpu="any", batch_invariant=False, seed=0,
                 temperature=0.0, top_p=1.0, top_k=0, max_tokens=8, **LATER_AXES_DEFAULTS)
@@ -84,7 +85,7 @@ def test_slowdown_without_latency_columns_keeps_its_old_figures():
 def test_latency_by_setting_divides_by_the_reference_setting():
     rows = pd.DataFrame([_run(r, 0.1, [0.02] * 4, batch_size=1) for r in range(3)]
                         + [_run(r, 0.3, [0.05] * 4, batch_size=8) for r in range(3)])
-    table = latency.by_setting(rows, metrics.keys_of(rows), {"batch_size": 1}).set_index("batch_size")
+    table = latency.by_setting(rows, columns.keys_of(rows), {"batch_size": 1}).set_index("batch_size")
     assert table.loc[1, "ttft_p50_ratio"] == pytest.approx(1.0)
     assert table.loc[8, "ttft_p50_ratio"] == pytest.approx(3.0)
     assert table.loc[8, "itl_p99_ratio"] == pytest.approx(2.5)

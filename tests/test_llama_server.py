@@ -16,6 +16,7 @@ import pytest
 from harness.analysis import metrics
 from harness.engines.base import Unsupported
 from harness.engines.llama_server import find_binary
+from harness.experiment import reference_rules
 
 from .conftest import PROMPTS, needs_llama, run_experiment
 
@@ -77,7 +78,7 @@ def test_rows_complete_and_requests_overlap_in_the_server(server_rows):
 def test_server_against_in_process_engine(server_rows):
     """Same GGUF, greedy, batch 1: the statistics say how far the two llama.cpp paths agree."""
     store, rows = server_rows
-    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["engine=llamacpp"]))
+    summary = metrics.summarize(rows, store.tokens_for, reference_rules.parse_reference(["engine=llamacpp"]))
     served = summary[(summary.engine == "llama-server") & (summary.batch_size == 1)]
     assert served.match_rate.notna().all() and (served.compared == 2).all()
     stopped = rows[(rows.finish_reason == "stop") & (rows.batch_size == 1)]

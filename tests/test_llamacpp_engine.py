@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.analysis import metrics
+from harness.experiment import reference_rules
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
 from harness.results.store import ROW_SCHEMA, Store
@@ -193,7 +194,7 @@ def test_statistics_locate_a_real_split(probed_results):
     store = Store(probed_results)
     rows = store.read_rows()
     assert (rows.status == "ok").all()
-    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["seed=1"]))
+    summary = metrics.summarize(rows, store.tokens_for, reference_rules.parse_reference(["seed=1"]))
     sampled = summary[summary.seed == 2]
     assert len(sampled) == 2 and (sampled.reference_cell != sampled.cell_id).all()
     assert sampled.match_rate.notna().all() and sampled.match_rate.min() == 0.0

@@ -7,8 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from harness.analysis import metrics
+from harness.analysis import bounds, divergence, metrics
 from harness.core.errors import HarnessError
+from harness.experiment import reference_rules
 from harness.experiment.axes import AXES, LATER_AXES_DEFAULTS
 from harness.results.rows import output_hash
 
@@ -27,27 +28,27 @@ from harness.results.rows import output_hash
     ],
 )
 def test_first_divergence(tokens, reference, expected):
-    assert metrics.first_divergence(tokens, reference) == expected
+    assert divergence.first_divergence(tokens, reference) == expected
 
 
 def test_upper95_is_the_exact_clopper_pearson_bound():
     # 0 of n: 1 - 0.05**(1/n), not the rule of three (3/n is its large-n approximation)
-    assert metrics.upper95(0, 10) == pytest.approx(0.2589, abs=1e-4)
-    assert metrics.upper95(0, 2) == pytest.approx(0.7764, abs=1e-4)
-    assert metrics.upper95(0, 1) == pytest.approx(0.95)
-    assert metrics.upper95(0, 1000) == pytest.approx(0.002991, abs=1e-6)
+    assert bounds.upper95(0, 10) == pytest.approx(0.2589, abs=1e-4)
+    assert bounds.upper95(0, 2) == pytest.approx(0.7764, abs=1e-4)
+    assert bounds.upper95(0, 1) == pytest.approx(0.95)
+    assert bounds.upper95(0, 1000) == pytest.approx(0.002991, abs=1e-6)
     # published one-sided 95 % Clopper-Pearson values: 1 of 10 -> 0.3942, 5 of 20 -> 0.4556
-    assert metrics.upper95(1, 10) == pytest.approx(0.3942, abs=1e-4)
-    assert metrics.upper95(5, 20) == pytest.approx(0.4556, abs=1e-4)
-    assert metrics.upper95(10, 10) == 1.0
-    assert metrics.upper95(0, 0) is None
+    assert bounds.upper95(1, 10) == pytest.approx(0.3942, abs=1e-4)
+    assert bounds.upper95(5, 20) == pytest.approx(0.4556, abs=1e-4)
+    assert bounds.upper95(10, 10) == 1.0
+    assert bounds.upper95(0, 0) is None
 
 
 @pytest.mark.parametrize("runs", [1, 2, 3, 10, 57, 1000])
 def test_upper95_grows_with_the_diverged_count(runs):
-    bounds = [metrics.upper95(k, runs) for k in range(runs + 1)]
-    assert all(a < b for a, b in zip(bounds, bounds[1:]))  # 0 of 2 is below 1 of 2, and so on
-    assert all(k / runs <= b <= 1 for k, b in enumerate(bounds))
+    limits = [bounds.upper95(k, runs) for k in range(runs + 1)]
+    assert all(a < b for a, b in zip(limits, limits[1:]))  # 0 of 2 is below 1 of 2, and so on
+    assert all(k / runs <= b <= 1 for k, b in enumerate(limits))
 
 
 SETTINGS = dict(model="m", engine="llamacpp", dtype="auto", gpu="any", batch_invariant=False, seed=0,
@@ -87,7 +88,7 @@ def test_summarize_against_batch_one():
     assert pd.isna(b1.first_divergence_min) and b1.divergence_rate_upper95 == pytest.approx(1 - 0.05 ** 0.5)
     assert (b4.runs, b4.unique_outputs, b4.match_rate, b4.modal_share) == (4, 4, 0.25, 0.25)
     assert (b4.first_divergence_min, b4.first_divergence_median, b4.diverged) == (0, 2, 3)
-    assert b4.divergence_rate_upper95 == pytest.approx(metrics.upper95(3, 4))
+    assert b4.divergence_rate_upper95 == pytest.approx(bounds.upper95(3, 4))
     assert (b8.unique_outputs, b8.match_rate, b8.first_divergence_min, b8.modal_share) == (1, 0.0, 0, 1.0)
     assert b4.reference_cell == b1.cell_id
 
@@ -97,7 +98,7 @@ def test_summarize_reference_axis_and_missing_reference():
         [({"dtype": "f32"}, "p", 0, REF), ({"dtype": "f16"}, "p", 0, REF[:4] + [0, 0]),
          ({"dtype": "f16"}, "q", 0, REF)]
     )
-    out = metrics.summarize(frame, tokens_for, metrics.parse_reference(["dtype=float32"]))
+    out = metrics.summarize(frame, tokens_for, reference_rules.parse_reference(["dtype=float32"]))
     f16p = out[(out.dtype == "f16") & (out.prompt_id == "p")].iloc[0]
     assert (f16p.match_rate, f16p.first_divergence_min) == (0.0, 4)
     f16q = out[(out.dtype == "f16") & (out.prompt_id == "q")].iloc[0]
@@ -121,11 +122,11 @@ def test_summarize_all_different():
 
 def test_parse_reference_errors():
     with pytest.raises(HarnessError, match="AXIS=VALUE"):
-        metrics.parse_reference(["colour=red"])
+        reference_rules.parse_reference(["colour=red"])
     with pytest.raises(HarnessError, match="unknown dtype"):
-        metrics.parse_reference(["dtype=f12"])
-    assert metrics.parse_reference([]) == {"batch_size": 1}
-    assert metrics.parse_reference(["batch_invariant=true", "batch_size=2"]) == {"batch_invariant": True, "batch_size": 2}
+        reference_rules.parse_reference(["dtype=f12"])
+    assert reference_rules.parse_reference([]) == {"batch_size": 1}
+    assert reference_rules.parse_reference(["batch_invariant=true", "batch_size=2"]) == {"batch_invariant": True, "batch_size": 2}
 
 
 def test_slowdown_pairs_runs_that_differ_only_in_batch_invariant():
@@ -224,7 +225,7 @@ def test_the_median_is_where_the_curve_reaches_one_half_computed_by_hand():
     import pandas as pd
 
     from harness.analysis import survival
-    from harness.analysis.metrics import KEY_COLUMNS
+    from harness.results.columns import KEY_COLUMNS
 
     setting = {k: "x" for k in KEY_COLUMNS} | {"batch_size": 8, "cell_id": "c", "n_tokens": 48}
     splits = [1, 1, 1, 7, 7, 16, 16, None, None, None]
@@ -241,7 +242,7 @@ def test_the_median_is_where_the_curve_reaches_one_half_computed_by_hand():
 
 
 def test_a_split_at_the_first_step_compares_no_log_probability():
-    from harness.analysis.metrics import logprob_difference
+    from harness.analysis.divergence import logprob_difference
 
     first, largest = logprob_difference([-0.1, -0.2], [-0.3, -0.2], 0)
     assert first is None and math.isnan(largest)  # not compared, never "0.0 apart"

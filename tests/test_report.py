@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.analysis import metrics
+from harness.analysis import divergence
 from harness.results.store import Store
 
 from .conftest import needs_browser, needs_llama, row_for, run_harness, synthetic_folder
@@ -53,7 +53,7 @@ def test_report_highlights_the_split_where_the_rows_say(probed_results, tmp_path
     assert done.returncode == 0, done.stderr
     store = Store(probed_results)
     rows = store.read_rows()
-    judged = metrics.against_reference(rows, store.tokens_for, {"seed": 1})
+    judged = divergence.against_reference(rows, store.tokens_for, {"seed": 1})
     split = judged[judged.first_divergence.notna()]
     assert len(split) > 0  # the fixture's seed-2 runs depart from seed 1 (temperature 1), on any CPU
 

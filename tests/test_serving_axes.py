@@ -10,6 +10,7 @@ import re
 import pytest
 
 from harness.analysis import metrics
+from harness.experiment import reference_rules
 
 from .conftest import needs_llama, run_experiment, run_harness
 from .test_llama_server import _have_server
@@ -91,7 +92,7 @@ engine_options:
     info = json.loads(drafted.engine_info.iloc[0])
     assert info["draft_model_sha256"] == drafted.model_sha256.iloc[0]  # it drafted for itself
     assert re.search(r"--model-draft \S+ .*(--spec-draft-n-max|--draft-max) 4", info["server_flags"])
-    summary = metrics.summarize(rows, store.tokens_for, metrics.parse_reference(["draft_tokens=0"]))
+    summary = metrics.summarize(rows, store.tokens_for, reference_rules.parse_reference(["draft_tokens=0"]))
     assert summary[summary.draft_tokens == 4].draft_acceptance.between(0, 1).all()
     assert summary[summary.draft_tokens == 4].match_rate.notna().all()  # compared against plain decoding
 

@@ -24,7 +24,9 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from harness.analysis.metrics import KEY_COLUMNS, keys_of, reference_repeats, select_setting
+from harness.analysis.divergence import reference_repeats
+from harness.analysis.frames import select_setting
+from harness.results.columns import KEY_COLUMNS, keys_of
 
 ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
     "cell_id", "prompt_id", "repeat", "status", "output_hash", "n_tokens", "answer_parsed", "answer_expected",

@@ -16,7 +16,8 @@ import pandas as pd
 
 from harness.analysis import flips as flips_module
 from harness.analysis import near_ties as ties_module
-from harness.analysis.metrics import keys_of, prompt_upper95, upper95
+from harness.analysis.bounds import prompt_upper95, upper95
+from harness.results.columns import keys_of
 
 COLUMNS = ["prompts", "compared", "diverged", "divergence_rate", "upper95_prompts", "upper95_pooled",
            "first_divergence_min", "median_tokens_to_divergence", "departed_by_median", "logprobs_compared",

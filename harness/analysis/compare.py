@@ -12,19 +12,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from harness.analysis.metrics import (
-    IMPLIED_BY_AXIS,
-    KEY_COLUMNS,
-    PROVENANCE_COLUMNS,
-    first_divergence,
-    keys_of,
-    pair_lookup,
-    per_value,
-    refuse_mixed,
-)
+from harness.analysis.divergence import first_divergence
+from harness.analysis.frames import pair_lookup, per_value
+from harness.analysis.mixing import IMPLIED_BY_AXIS, PROVENANCE_COLUMNS, refuse_mixed
 from harness.core.errors import HarnessError
 from harness.experiment.varying import varying
 from harness.results import provenance_fields
+from harness.results.columns import KEY_COLUMNS, keys_of
 from harness.results.folder import Results
 
 #: where and with what each folder was made; every one that differs is shown beside the comparison

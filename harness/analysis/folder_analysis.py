@@ -12,8 +12,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.analysis import answer_metrics, by_setting, flips, guarantees, latency, metrics, near_ties, survival
-from harness.results import provenance_fields
+from harness.analysis import (
+    answer_metrics,
+    by_setting,
+    divergence,
+    flips,
+    guarantees,
+    latency,
+    metrics,
+    mixing,
+    near_ties,
+    survival,
+)
+from harness.experiment import reference_rules
+from harness.results import columns, provenance_fields
 from harness.results.columns import PROBE_COLUMNS
 from harness.results.folder import Results
 from harness.results.rows import auto_fallbacks
@@ -31,15 +43,15 @@ REPORT_COLUMNS = list(dict.fromkeys(SUMMARY_COLUMNS + ["run_id", "max_tokens", "
 
 class Analysis:
     """A results folder read against `reference` (default: batch size 1) under `allow_mixed`, the
-    reference cell's run of each prompt chosen by `reference_run` (metrics.REFERENCE_RUNS)."""
+    reference cell's run of each prompt chosen by `reference_run` (reference_rules.REFERENCE_RUNS)."""
 
     def __init__(self, results: Results, reference: dict[str, Any] | None = None,
                  allow_mixed: Iterable[str] = frozenset(), reference_run: str = "first",
                  near_tie: float = near_ties.NEAR_TIE, confident: float = flips.CONFIDENT) -> None:
-        metrics.refuse_reference_run(reference_run)
+        reference_rules.refuse_reference_run(reference_run)
         flips.check_thresholds(near_tie, confident)
         self.results = results
-        self.reference = dict(metrics.DEFAULT_REFERENCE if reference is None else reference)
+        self.reference = dict(reference_rules.DEFAULT_REFERENCE if reference is None else reference)
         self.allow_mixed = frozenset(allow_mixed)
         self.reference_run = reference_run
         #: the top-2 margin below which a step is a near tie (harness.analysis.near_ties)
@@ -59,7 +71,7 @@ class Analysis:
         if not near_tie <= confident:
             raise UsageError(f"--near-tie {near_tie:g} is above --confident-margin {confident:g}: a near tie is "
                              "a smaller margin than a confident one")
-        return cls(results, metrics.parse_reference(reference or []), metrics.parse_allow_mixed(allow_mixed),
+        return cls(results, reference_rules.parse_reference(reference or []), mixing.parse_allow_mixed(allow_mixed),
                    reference_run, near_tie, confident)
 
     # -- rows ----------------------------------------------------------------------------------
@@ -81,9 +93,9 @@ class Analysis:
 
     @cached_property
     def compared(self) -> pd.DataFrame:
-        """The ok rows, each with its reference run and where it departs from it (metrics.against_reference)."""
+        """The ok rows, each with its reference run and where it departs from it (divergence.against_reference)."""
         r = self.results
-        return metrics.against_reference(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+        return divergence.against_reference(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
                                          self.reference_run)
 
     @cached_property
@@ -104,12 +116,12 @@ class Analysis:
 
     @cached_property
     def _tie_counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        return near_ties.count_runs(self._tie_runs, metrics.keys_of(self.compared))
+        return near_ties.count_runs(self._tie_runs, columns.keys_of(self.compared))
 
     @cached_property
     def flips(self) -> pd.DataFrame:
         """Per departed run: where, the reference's margin there, and its flip class (harness.analysis.flips)."""
-        return flips.per_run(self._tie_runs, metrics.keys_of(self.compared), self.near_tie, self.confident)
+        return flips.per_run(self._tie_runs, columns.keys_of(self.compared), self.near_tie, self.confident)
 
     @property
     def near_ties(self) -> pd.DataFrame:
@@ -125,7 +137,7 @@ class Analysis:
     def by_setting(self) -> pd.DataFrame:
         """Per setting: compared runs, divergence rate with both bounds, survival median, near ties,
         flip classes, and the strongest guarantee class that holds (harness.analysis.guarantees)."""
-        keys = metrics.keys_of(self.compared)
+        keys = columns.keys_of(self.compared)
         table = by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties,
                                      flips.per_setting(self.flips, keys))
         return guarantees.classify(table, guarantees.floors(self.compared, keys), self.answers)
@@ -144,7 +156,7 @@ class Analysis:
         """Per setting: TTFT, ITL, TPOT and E2EL at p50/p90/p99 and their ratios against the reference
         setting (harness.analysis.latency); reads the runs' inter-token gaps."""
         rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"], provenance_as_categories=True)
-        return latency.by_setting(rows, metrics.keys_of(rows), self.reference)
+        return latency.by_setting(rows, columns.keys_of(rows), self.reference)
 
     @cached_property
     def probes(self) -> pd.DataFrame:
@@ -163,7 +175,7 @@ class Analysis:
         if self.rows is rows:
             return self.compared
         r = self.results  # the statistics read their own rows before: pair the report's as well
-        return metrics.against_reference(rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
+        return divergence.against_reference(rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
                                          self.reference_run)
 
     @cached_property

@@ -9,11 +9,12 @@ from xml.sax.saxutils import escape, quoteattr
 
 import pandas as pd
 
-from harness.analysis.metrics import keys_of, select_setting
+from harness.analysis.frames import select_setting
 from harness.core.errors import HarnessError
 from harness.core.redaction import redact
 from harness.experiment.config import CONDITIONS, Expectation
 from harness.experiment.varying import varying
+from harness.results.columns import keys_of
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from math import comb, erf, sqrt
 import numpy as np
 import pandas as pd
 
-from harness.analysis.metrics import select_setting
+from harness.analysis.frames import select_setting
 from harness.experiment.config import GUARANTEES as CLASSES
 
 #: how strong each class is: a rule `guarantee: X` passes for a setting whose class is at least X

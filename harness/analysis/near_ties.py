@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from harness.analysis.metrics import keys_of, setting_ids
+from harness.analysis.frames import setting_ids
+from harness.results.columns import keys_of
 
 #: the default eps: the margin below which a step is a near tie (also the logit probes' threshold)
 NEAR_TIE = 0.1

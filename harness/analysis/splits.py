@@ -12,6 +12,8 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from harness.results.columns import keys_of
+
 #: the branch of outputs that end where others go on
 END = "<end>"
 
@@ -104,4 +106,4 @@ def folder_splits(results: Any) -> pd.DataFrame:
     from harness.analysis import metrics
 
     rows = results.read_rows(columns=metrics.ROW_COLUMNS, provenance_as_categories=True)
-    return splits(rows, results.tokens_for, results.texts_for, metrics.keys_of(rows))
+    return splits(rows, results.tokens_for, results.texts_for, keys_of(rows))

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.analysis.metrics import keys_of, setting_ids
+from harness.analysis.frames import setting_ids
+from harness.results.columns import keys_of
 
 CURVE_COLUMNS = ["tokens", "at_risk", "departed", "censored", "identical", "low", "high"]
 #: S(t) this close above one half counts as one half (floating-point products of exact fractions)

@@ -239,7 +239,7 @@ def compare(
     folders (host, GPU, driver, CUDA, library versions) is printed above the table.
     """
     from harness.analysis.compare import compare as run_compare
-    from harness.analysis.metrics import parse_allow_mixed
+    from harness.analysis.mixing import parse_allow_mixed
     from harness.analysis.op_maps import is_op_map
     from harness.experiment.config import option_axis
     from harness.experiment.settings_args import parse_settings

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis import metrics
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.axes import describe
 from harness.experiment.varying import varying
+from harness.results.columns import keys_of
 
 #: the x axis of the agreement charts; every other setting that varies names a series
 X_AXIS = "batch_size"
@@ -54,8 +54,8 @@ def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:
 
 def varying_axes(rows: pd.DataFrame) -> list[str]:
     """Every setting that varies in these rows except the x axis: the axes, max_tokens and swept engine
-    options (metrics.keys_of), so a chart never pools two settings into one series."""
-    return varying(rows, metrics.keys_of(rows, drop=[X_AXIS]))
+    options (columns.keys_of), so a chart never pools two settings into one series."""
+    return varying(rows, keys_of(rows, drop=[X_AXIS]))
 
 
 def _labelled(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
@@ -130,7 +130,7 @@ def _reference_label(analysis: Any) -> str:
 
 def _series_first(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
     """A per-setting frame as a chart reads it: series and batch size, then its own columns."""
-    keys = metrics.keys_of(frame)
+    keys = keys_of(frame)
     out = _labelled(frame, varying)
     return out[["series", X_AXIS] + [c for c in frame.columns if c not in keys]]
 
@@ -142,7 +142,7 @@ def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) 
     """
     from harness.analysis.splits import splits
 
-    tree = splits(rows, tokens_for, texts_for, metrics.keys_of(rows))
+    tree = splits(rows, tokens_for, texts_for, keys_of(rows))
     if tree.empty:
         return ch
     tree.insert(0, "series", series_labels(tree, ch.varying))

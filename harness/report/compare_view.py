@@ -12,9 +12,9 @@ from rich.text import Text
 
 from harness.analysis import noise_floor
 from harness.analysis.compare import Comparison, around_split
-from harness.analysis.metrics import keys_of
 from harness.experiment.varying import varying
 from harness.report.plain import PlainTable
+from harness.results.columns import keys_of
 
 #: runs whose texts are shown around their split
 SHOWN_SPLITS = 20

@@ -24,7 +24,7 @@ from harness.experiment.config import AXES
 from harness.experiment.varying import varying
 from harness.report import charts as charts_mod
 from harness.results import provenance_fields
-from harness.results.columns import PROBE_COLUMNS
+from harness.results.columns import PROBE_COLUMNS, keys_of
 from harness.results.folder import Results
 
 #: the folder's context shown in the page's header (harness.results.provenance_fields)
@@ -89,7 +89,7 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
     verdict, split, margins, probe numbers) are one entry with their count and repeat ranges;
     throughput is their median. The reference run is an entry of its own."""
     probe = [c for c in PROBE_COLUMNS if c in ok and ok[c].notna().any()]
-    settings = metrics.keys_of(ok)  # every axis and swept option: what the viewer filters and shows
+    settings = keys_of(ok)  # every axis and swept option: what the viewer filters and shows
     keys = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
             "n_tokens", "_margin_run", "_margin_ref"] + probe
     frame = ok[[c for c in dict.fromkeys(keys + settings + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
@@ -178,7 +178,7 @@ def _guarantees(analysis: Analysis) -> dict[str, Any]:
     from harness.analysis.flips import likely_bugs
 
     table = analysis.by_setting
-    axes = varying(table, metrics.keys_of(table)) or ["engine"]
+    axes = varying(table, keys_of(table)) or ["engine"]
 
     def label(rec: dict[str, Any]) -> str:
         return ", ".join(f"{a}={rec[a]}" for a in axes if a in rec and not pd.isna(rec[a]))
@@ -217,7 +217,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
             "provenance": {c: _distinct(rows[c]) for c in PROVENANCE},
             "cells": int(rows["cell_id"].nunique()),
         },
-        "filters": varying(rows, metrics.keys_of(rows)) or ["engine"],
+        "filters": varying(rows, keys_of(rows)) or ["engine"],
         "guarantees": _guarantees(analysis),
         "prompts": _prompt_texts(store),
         "outputs": _outputs(annotated, store),

@@ -8,9 +8,9 @@ import json
 import pandas as pd
 from rich.table import Table
 
-from harness.analysis.metrics import keys_of
 from harness.experiment.varying import varying
 from harness.report.plain import PlainTable
+from harness.results.columns import keys_of
 
 
 def _fmt(value: float, spec: str = ".3g") -> str:

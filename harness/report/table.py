@@ -10,10 +10,10 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from harness.analysis.metrics import keys_of
 from harness.experiment.axes import SHORT as AXIS_SHORT
 from harness.experiment.varying import varying
 from harness.report.plain import PlainTable
+from harness.results.columns import keys_of
 
 #: column names shortened in tables (the axes' own short names, harness.experiment.axes)
 SHORT = {**AXIS_SHORT, "prompt_id": "prompt"}

@@ -24,7 +24,7 @@ from harness.engines.registry import engine_class
 from harness.run.ahead import launch_key
 from harness.run.environments import is_foreign, worker_env
 from harness.run.spare import SpareWorker, kill_group, serves
-from harness.run.worker import WorkOrder
+from harness.run.work_order import WorkOrder
 
 LOG_TAIL_LINES = 15
 

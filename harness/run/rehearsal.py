@@ -54,7 +54,9 @@ def _rehearse_here(spec: LoadSpec, base: Path, folder: Path) -> dict[str, Any]:
     from harness.core.redaction import redact_text
     from harness.engines.base import Sampling
     from harness.engines.parts.cpu_kernels import PREFILL_TEXT
-    from harness.run.worker import load_engine, prepare_imports, secrets_of
+    from harness.run.engine_load import load_engine
+    from harness.run.work_order import secrets_of
+    from harness.run.worker import prepare_imports
 
     prepare_imports()
     import pyarrow as pa

@@ -23,7 +23,7 @@ from harness.run import environments
 from harness.run.ahead import group_environment
 from harness.run.launch import launch
 from harness.run.spare import SpareWorker
-from harness.run.worker import WorkOrder, secrets_of
+from harness.run.work_order import WorkOrder, secrets_of
 
 
 class Reporter(Protocol):
