@@ -86,7 +86,8 @@ def test_a_run_takes_the_spare_that_loaded_its_first_group_ahead_and_gets_the_sa
     """The run's rows are whole either way; the spare serves the run only where it loaded its first group
     (it then exits 0 when the group is done, having loaded once; one killed for another launch ends by
     SIGKILL, and a fresh worker serves the group)."""
-    from harness.results.folder import ResultsFolder, open_results
+    from harness.results.folder import ResultsFolder
+    from harness.results.folder_rows import open_results
     from harness.run.runner import Runner, SilentReporter
 
     class Logged(SilentReporter):
@@ -123,7 +124,7 @@ def test_an_order_larger_than_a_pipe_waits_for_no_load_sent_ahead_and_the_timeou
     waits 30 s for)."""
     import yaml
 
-    from harness.results.folder import open_results
+    from harness.results.folder_rows import open_results
 
     binary = tmp_path / "hangs"
     binary.write_text("#!/bin/sh\nexec sleep 600\n")

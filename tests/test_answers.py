@@ -12,7 +12,7 @@ from harness.experiment import answers
 from harness.experiment.answers import ParseRule
 from harness.experiment.axes import LATER_AXES_DEFAULTS
 from harness.experiment.config import load_experiment
-from harness.results.store import SCHEMA_VERSION
+from harness.results.schema import SCHEMA_VERSION
 
 from .conftest import needs_llama, row_for, run_experiment, run_harness, synthetic_folder
 

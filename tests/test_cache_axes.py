@@ -14,10 +14,11 @@ from harness.analysis import divergence, gate, metrics
 from harness.core.errors import ConfigError
 from harness.engines.base import Sampling
 from harness.experiment import reference_rules
-from harness.experiment.config import Expectation, load_experiment
+from harness.experiment.config import load_experiment
 from harness.experiment.context import fit, shared_context, with_context
 from harness.experiment.matrix import expand, group
-from harness.results.folder import open_results
+from harness.experiment.schema import Expectation
+from harness.results.folder_rows import open_results
 
 from .conftest import PROMPTS, needs_llama, run_experiment
 

@@ -15,7 +15,7 @@ import yaml
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.axes import AXES
 from harness.report import html
-from harness.results.folder import open_results
+from harness.results.folder_rows import open_results
 
 from .conftest import row_for, run_harness, synthetic_folder
 

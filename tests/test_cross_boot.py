@@ -21,7 +21,7 @@ import yaml
 from harness.analysis.folder_analysis import Analysis
 from harness.core.errors import ConfigError
 from harness.experiment.config import load_experiment
-from harness.results.folder import open_results
+from harness.results.folder_rows import open_results
 
 from .conftest import PROMPTS, needs_llama, row_for, run_experiment, run_harness, stand_in_engine, synthetic_folder
 

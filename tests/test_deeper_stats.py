@@ -18,9 +18,9 @@ from harness.analysis import bounds, divergence, near_ties
 from harness.analysis.folder_analysis import Analysis
 from harness.analysis.gate import evaluate
 from harness.experiment.axes import LATER_AXES_DEFAULTS
-from harness.experiment.config import Expectation
+from harness.experiment.schema import Expectation
 from harness.results.columns import keys_of
-from harness.results.folder import open_results
+from harness.results.folder_rows import open_results
 
 from .conftest import needs_llama, row_for, run_harness, synthetic_folder
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines import llamacpp, vllm
 from harness.engines.parts.child_probe import probe_in_child
+from harness.engines.parts.llamacpp_doctor import backends
+from harness.engines.parts.vllm_doctor import batch_invariant_reason
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama
 
@@ -32,15 +33,15 @@ def _no_gpu_env(tmp_path: Path) -> dict[str, str]:
 
 def test_backends_are_read_from_llama_cpp_system_info():
     cuda = "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | PEER_MAX_BATCH_SIZE = 128 | CPU : SSE3 = 1 | AVX2 = 1 | "
-    assert llamacpp.backends(cuda) == ["CUDA", "CPU"]
-    assert llamacpp.backends("CPU : SSE3 = 1 | AVX = 1 | OPENMP = 1 | ") == ["CPU"]
+    assert backends(cuda) == ["CUDA", "CPU"]
+    assert backends("CPU : SSE3 = 1 | AVX = 1 | OPENMP = 1 | ") == ["CPU"]
 
 
 def test_batch_invariant_rules():
-    assert "CUDA GPU" in vllm.batch_invariant_reason({"cuda": False, "device_type": "cpu"}, None)
-    assert "has 7.5" in vllm.batch_invariant_reason({"cuda": True, "compute_capability": "7.5"}, None)
-    assert vllm.batch_invariant_reason({"cuda": True, "compute_capability": "9.0"}, "FLASH_ATTN") is None
-    assert "FLASHINFER is not supported" in vllm.batch_invariant_reason(
+    assert "CUDA GPU" in batch_invariant_reason({"cuda": False, "device_type": "cpu"}, None)
+    assert "has 7.5" in batch_invariant_reason({"cuda": True, "compute_capability": "7.5"}, None)
+    assert batch_invariant_reason({"cuda": True, "compute_capability": "9.0"}, "FLASH_ATTN") is None
+    assert "FLASHINFER is not supported" in batch_invariant_reason(
         {"cuda": True, "compute_capability": "8.0"}, "FLASHINFER")
 
 

@@ -15,7 +15,7 @@ from harness.analysis import flips, guarantees
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
-from harness.results.folder import open_results
+from harness.results.folder_rows import open_results
 
 from .conftest import row_for, run_harness, synthetic_folder
 

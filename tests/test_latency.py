@@ -11,7 +11,7 @@ import pytest
 
 from harness.analysis import latency, metrics
 from harness.experiment.axes import LATER_AXES_DEFAULTS
-from harness.experiment.config import Expectation
+from harness.experiment.schema import Expectation
 from harness.report.table import preemption_lines, serving_table
 from harness.results import columns
 

@@ -271,3 +271,13 @@ def test_an_axis_an_engine_does_not_declare_refuses_its_cells(monkeypatch):
     assert matrix.refused_setting(cell) is None  # top_k at its default: nothing asked of the engine
     cell["top_k"] = 40
     assert "does not declare what it does with top_k" in matrix.refused_setting(cell)
+
+
+MOST_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit():
+    """A module over MOST_LINES lines holds more than one job: split it by job (docs/development.md)."""
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    assert long == {}, f"modules over {MOST_LINES} lines: {long}"

@@ -18,7 +18,8 @@ from harness.analysis import metrics
 from harness.experiment import reference_rules
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
-from harness.results.store import ROW_SCHEMA, Store
+from harness.results.schema import ROW_SCHEMA
+from harness.results.store import Store
 
 from .conftest import PROMPTS, needs_llama, run_experiment
 

@@ -149,7 +149,8 @@ def test_rows_of_an_older_schema_read_back_with_new_columns_empty(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from harness.results.store import ROW_SCHEMA, Store
+    from harness.results.schema import ROW_SCHEMA
+    from harness.results.store import Store
 
     store = Store(tmp_path)
     store.write_cell("new", [{"cell_id": "new", "prompt_id": "p", "status": "ok", "token_texts": ["a"]}])
@@ -168,7 +169,8 @@ def test_rows_from_before_the_cache_axes_read_back_at_their_defaults(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from harness.results.store import ROW_SCHEMA, Store
+    from harness.results.schema import ROW_SCHEMA
+    from harness.results.store import Store
 
     store = Store(tmp_path)
     store.write_cell("new", [{"cell_id": "new", "status": "ok", "prefix_cache": "warm", "context_tokens": 9,

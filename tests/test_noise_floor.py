@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from harness.analysis.noise_floor import permutation_p
-from harness.results.folder import open_results
+from harness.results.folder_rows import open_results
 from harness.run.rescore import read_scores
 
 from .conftest import needs_llama, run_experiment, run_harness

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from harness.results.folder import open_results
+from harness.results.folder_rows import open_results
 from harness.run import replay as replaying
 
 from .conftest import needs_llama, run_experiment, run_harness

@@ -21,7 +21,8 @@ from harness.core.errors import HarnessError
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
 from harness.results import provenance
-from harness.results.folder import ResultsFolder, open_results
+from harness.results.folder import ResultsFolder
+from harness.results.folder_rows import open_results
 from harness.results.store import Store
 
 from .conftest import PROMPTS, fake_nvidia_smi, needs_llama, row_for, run_harness, synthetic_folder
@@ -540,7 +541,7 @@ def test_readers_give_the_values_a_plain_read_gives(tmp_path):
 
 def test_every_declared_provenance_field_is_a_row_column_and_every_role_is_used():
     from harness.results import provenance_fields
-    from harness.results.store import ROW_SCHEMA
+    from harness.results.schema import ROW_SCHEMA
 
     assert set(provenance_fields.NAMES) <= set(ROW_SCHEMA.names)
     # the machine label reads its columns by position: host, GPU uuid, driver, CUDA

@@ -35,7 +35,8 @@ def _run(root: Path, prompts: dict, repeats: int = 2) -> tuple[str, pd.DataFrame
     """Write the prompts and the experiment, run it for real into root/out: the run's id and the
     current experiment's rows."""
     from harness.experiment.config import load_experiment
-    from harness.results.folder import ResultsFolder, open_results
+    from harness.results.folder import ResultsFolder
+    from harness.results.folder_rows import open_results
     from harness.run.runner import Runner
 
     (root / "prompts.yaml").write_text(yaml.safe_dump(prompts))

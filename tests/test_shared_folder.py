@@ -254,7 +254,7 @@ def test_submitted_jobs_ask_for_a_gpu_and_a_dry_run_writes_nothing(write, tmp_pa
 
 def test_runs_of_two_machines_are_paired_only_on_purpose(tmp_path):
     from harness.analysis import metrics
-    from harness.results.folder import open_results
+    from harness.results.folder_rows import open_results
 
     from .conftest import row_for, run_harness, synthetic_folder
 

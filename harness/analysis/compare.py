@@ -19,7 +19,7 @@ from harness.core.errors import HarnessError
 from harness.experiment.varying import varying
 from harness.results import provenance_fields
 from harness.results.columns import KEY_COLUMNS, keys_of
-from harness.results.folder import Results
+from harness.results.folder_rows import Results
 
 #: where and with what each folder was made; every one that differs is shown beside the comparison
 CONTEXT = provenance_fields.CONTEXT

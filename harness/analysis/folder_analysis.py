@@ -27,7 +27,7 @@ from harness.analysis import (
 from harness.experiment import reference_rules
 from harness.results import columns, provenance_fields
 from harness.results.columns import PROBE_COLUMNS
-from harness.results.folder import Results
+from harness.results.folder_rows import Results
 from harness.results.rows import auto_fallbacks
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import pandas as pd
 from harness.analysis.frames import select_setting
 from harness.core.errors import HarnessError
 from harness.core.redaction import redact
-from harness.experiment.config import CONDITIONS, Expectation
+from harness.experiment.schema import CONDITIONS, Expectation
 from harness.experiment.varying import varying
 from harness.results.columns import keys_of
 

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.frames import select_setting
-from harness.experiment.config import GUARANTEES as CLASSES
+from harness.experiment.schema import GUARANTEES as CLASSES
 
 #: how strong each class is: a rule `guarantee: X` passes for a setting whose class is at least X
 STRENGTH = {name: len(CLASSES) - i for i, name in enumerate(CLASSES)}

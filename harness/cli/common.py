@@ -103,7 +103,7 @@ def write_frame(frame: Any, fmt: str) -> None:
 def open_folder(folder: Path, all_cells: bool = False) -> Any:
     """The folder's rows as a reader may see them: the current experiment's cells, with a note on
     stderr when stale cells are left out (harness.results.folder)."""
-    from harness.results.folder import open_results
+    from harness.results.folder_rows import open_results
 
     results = open_results(folder, all_cells)
     if results.stale and not all_cells:

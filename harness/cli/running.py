@@ -47,7 +47,7 @@ def _experiment_or_folder(path: Path) -> Any:
     from harness.experiment.config import load_experiment
 
     if path.is_dir():
-        from harness.results.folder import ResultsFolder  # (pyarrow: only for a folder)
+        from harness.results.folder import ResultsFolder  # pyarrow: only for a folder
 
         folder = ResultsFolder(path)
         if not folder.has_manifest():

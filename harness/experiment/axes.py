@@ -2,7 +2,7 @@
 engine load, and how it is shown.
 
 The experiment's matrix model (config.Matrix), cell ids and load groups (matrix), the row columns
-of the settings (store.ROW_SCHEMA), the summary keys, `--where` / `--reference` parsing, the tables'
+of the settings (harness.results.schema), the summary keys, `--where` / `--reference` parsing, the tables'
 short column names, and the report's series, filters and labels all derive from `AXES_DECLARED`.
 Adding an axis is one `Axis` here, plus the engines that honour it.
 """

@@ -15,7 +15,7 @@ from harness.engines.base import Ignore, LoadSpec, Refuse, Sampling
 from harness.engines.registry import engine_class, options_model
 from harness.experiment import yamlsrc
 from harness.experiment.axes import AXES, AXES_DECLARED, BY_NAME, LATER_AXES_DEFAULTS, LATER_GROUP_DEFAULTS, LOAD_AXES
-from harness.experiment.config import LoadedExperiment, Matrix, option_axis, option_value
+from harness.experiment.schema import LoadedExperiment, Matrix, option_axis, option_value
 
 
 def digest(payload: dict[str, Any], size: int = 12) -> str:

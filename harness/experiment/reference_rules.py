@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from harness.core.errors import UsageError
-from harness.experiment.config import option_axis
+from harness.experiment.schema import option_axis
 from harness.experiment.settings_args import parse_settings
 
 DEFAULT_REFERENCE: dict[str, Any] = {"batch_size": 1}

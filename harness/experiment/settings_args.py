@@ -8,7 +8,8 @@ from typing import Any, Iterable
 from pydantic import ValidationError
 
 from harness.core.errors import UsageError
-from harness.experiment.config import AXES, Matrix, option_axis, option_value
+from harness.experiment.axes import AXES
+from harness.experiment.schema import Matrix, option_axis, option_value
 
 
 def parse_settings(items: Iterable[str], option: str) -> dict[str, Any]:

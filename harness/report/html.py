@@ -20,12 +20,12 @@ import pandas as pd
 
 from harness.analysis import metrics
 from harness.analysis.folder_analysis import Analysis
-from harness.experiment.config import AXES
+from harness.experiment.axes import AXES
 from harness.experiment.varying import varying
 from harness.report import charts as charts_mod
 from harness.results import provenance_fields
 from harness.results.columns import PROBE_COLUMNS, keys_of
-from harness.results.folder import Results
+from harness.results.folder_rows import Results
 
 #: the folder's context shown in the page's header (harness.results.provenance_fields)
 PROVENANCE = provenance_fields.CONTEXT

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from harness.analysis import power
-from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, Group
+from harness.experiment.schema import LoadedExperiment
 from harness.experiment.varying import varying
 from harness.report.plain import PlainTable
 

@@ -7,8 +7,9 @@ from typing import Iterable
 
 import pandas as pd
 
-from harness.experiment.config import AXES, option_axis
-from harness.results.store import ROW_SCHEMA
+from harness.experiment.axes import AXES
+from harness.experiment.schema import option_axis
+from harness.results.schema import ROW_SCHEMA
 
 #: Columns that identify comparable settings (a cell, minus the ids).
 KEY_COLUMNS: tuple[str, ...] = AXES + ("max_tokens",)

@@ -3,7 +3,7 @@
 The pairing rule (metrics: a run and its reference, batch-invariant twins, two folders compared),
 the `--allow-mixed` names, the machine label, the rows a rerun may keep (checkpoints, stale cells),
 the context the report and `harness compare` show, and the columns read as categoricals all derive
-from `FIELDS`. A field's type is the row schema's (harness.results.store.ROW_SCHEMA).
+from `FIELDS`. A field's type is the row schema's (harness.results.schema.ROW_SCHEMA).
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from harness.experiment.config import LoadedExperiment
+from harness.core.redaction import redact
 from harness.engines.base import BatchOutput
 from harness.experiment.matrix import Cell
-from harness.core.redaction import redact
-from harness.results.store import SCHEMA_VERSION
+from harness.experiment.schema import LoadedExperiment
+from harness.results.schema import SCHEMA_VERSION
 
 
 def output_hash(token_ids: list[int]) -> str:

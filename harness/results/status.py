@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.experiment.matrix import Cell
 from harness.core.errors import HarnessError
+from harness.experiment.matrix import Cell
 from harness.results.folder import ResultsFolder
 from harness.results.rows import auto_fallbacks
-from harness.results.store import DONE_STATUSES, Store
+from harness.results.schema import DONE_STATUSES
+from harness.results.store import Store
 
 
 @dataclass(frozen=True)

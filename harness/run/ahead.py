@@ -19,8 +19,8 @@ from typing import Any
 from harness.engines.base import LoadSpec
 from harness.engines.parts.server_process import LOG_DIR_ENV
 from harness.engines.registry import engine_class
-from harness.experiment.config import CURRENT_ENVIRONMENT, LoadedExperiment
 from harness.experiment.matrix import Cell, Group, load_label, refused_setting
+from harness.experiment.schema import CURRENT_ENVIRONMENT, LoadedExperiment
 from harness.results import layout
 from harness.run.enforced import device_environment
 from harness.run.spare import serves

@@ -22,7 +22,7 @@ class CellProgress:
                  machine: dict[str, Any] | None = None,
                  what_ran: Callable[[], dict[str, Any]] | None = None) -> None:
         """`parts`: what this load's checkpoint files are named after (unique to the run and boot)."""
-        from harness.results.store import DONE_STATUSES
+        from harness.results.schema import DONE_STATUSES
         from harness.run.reuse import load_identity, same_load
 
         self.folder, self.cell_id, self.parts, self.every_s = folder, cell_id, parts, every_s
@@ -64,7 +64,7 @@ class CellProgress:
         self._pending = [r | columns for r in self._pending]
 
     def flush(self) -> None:
-        from harness.results.store import DONE_STATUSES
+        from harness.results.schema import DONE_STATUSES
 
         keep = [r for r in self._pending if r["status"] in DONE_STATUSES]
         if keep:

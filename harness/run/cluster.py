@@ -18,8 +18,8 @@ from pathlib import Path
 
 from harness.core.errors import HarnessError, UsageError
 from harness.core.redaction import redact_text, secret_values
-from harness.experiment.config import Cluster, GpuResources, LoadedExperiment
 from harness.experiment.matrix import Cell, expand, group
+from harness.experiment.schema import Cluster, GpuResources, LoadedExperiment
 from harness.experiment.selection import Selection, apply, units
 
 SCHEDULERS = ("slurm", "pbs")

@@ -20,8 +20,8 @@ import harness
 from harness.core import gpu_names
 from harness.engines.base import Finding, LoadSpec
 from harness.engines.registry import engine_class, engine_names
-from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, expand, refused_setting
+from harness.experiment.schema import LoadedExperiment
 from harness.models import catalog as models
 from harness.results import provenance
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import harness
-from harness.experiment.config import CURRENT_ENVIRONMENT, LoadedExperiment
+from harness.experiment.schema import CURRENT_ENVIRONMENT, LoadedExperiment
 
 #: the folder holding the `harness` package: what another interpreter gets on its path
 SOURCE_ROOT = str(Path(harness.__file__).resolve().parent.parent)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from harness.experiment.matrix import expand
 from harness.results.columns import KEY_COLUMNS, keys_of
-from harness.results.folder import Results
+from harness.results.folder_rows import Results
 from harness.run.rescore import Scorer, deltas, not_here, scorable, scorer_spec, scoring_machine
 
 

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from harness.experiment.matrix import digest, expand
 from harness.experiment.prompts import Batch, compose_batch
-from harness.results.folder import Results
+from harness.results.folder_rows import Results
 from harness.run.rescore import PlacedEngine, deltas, not_here, read_side, run_stats, scorer_spec, scoring_machine, side_path
 
 FOLDER = "replayed"

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.experiment.matrix import digest, expand
-from harness.results.folder import Results
+from harness.results.folder_rows import Results
 
 FOLDER = "rescored"
 #: the |delta| beyond which a token counts in share_above (nats; 0.18 is a 1.2x ratio, a common clamp)

@@ -42,7 +42,7 @@ def run_key(settings_id: str, batch: Batch, position: int, repeat: int) -> str:
 def load_identity(engine_cols: dict[str, Any], prov: dict[str, Any]) -> dict[str, Any]:
     """The SAME_LOAD values of the load about to run: its engine columns, the run's provenance
     (as this worker has it) and the schema its rows are written in."""
-    from harness.results.store import SCHEMA_VERSION
+    from harness.results.schema import SCHEMA_VERSION
 
     here = engine_cols | prov | {"schema_version": SCHEMA_VERSION}
     return {k: here.get(k) for k in SAME_LOAD}
@@ -58,7 +58,7 @@ class ReusableRuns:
     columns of the stale cells, once per engine load; a folder without stale cells costs nothing."""
 
     def __init__(self, folder: ResultsFolder) -> None:
-        from harness.results.store import readable
+        from harness.results.store_reading import readable
 
         self.folder = folder
         self._where: dict[str, list[str]] = {}

@@ -13,8 +13,8 @@ from typing import Protocol
 
 from harness.core.redaction import redact_text, scrub
 from harness.engines.registry import engine_class
-from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
+from harness.experiment.schema import LoadedExperiment
 from harness.experiment.selection import Selection, apply
 from harness.results import layout, provenance
 from harness.results.folder import ResultsFolder

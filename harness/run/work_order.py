@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from harness.experiment.config import LoadedExperiment
 from harness.experiment.matrix import Cell, Group
+from harness.experiment.schema import LoadedExperiment
 
 
 @dataclass(frozen=True)
