@@ -71,7 +71,6 @@ def test_the_report_shows_html_comments_and_script_tags_as_text(tmp_path, browse
 
 def test_loading_lines_name_what_tells_the_loads_apart():
     from harness.engines.base import LoadSpec
-    from harness.experiment.matrix import load_label
 
     def spec(**over):
         base = dict(engine="llamacpp", model="smollm2-135m", dtype="auto", gpu="any", batch_invariant=False,
@@ -79,11 +78,14 @@ def test_loading_lines_name_what_tells_the_loads_apart():
         return LoadSpec(**(base | over))
 
     q4, f32 = spec(), spec(dtype="f32", options={"n_threads": 2, "flash_attn": "on"})
-    assert load_label(q4, [q4]) == "llamacpp / smollm2-135m"
-    assert load_label(f32, [q4, f32]) == "llamacpp / smollm2-135m dtype=f32 flash_attn=on"
-    assert load_label(q4, [q4, f32]) == "llamacpp / smollm2-135m dtype=auto flash_attn=None"
+    assert q4.label([q4]) == "llamacpp / smollm2-135m"
+    assert f32.label([q4, f32]) == "llamacpp / smollm2-135m dtype=f32 flash_attn=on"
+    assert q4.label([q4, f32]) == "llamacpp / smollm2-135m dtype=auto flash_attn=None"
     keyed = [spec(options={"api_key": "sk-1"}), spec(options={"api_key": "sk-2"})]
-    assert "sk-" not in load_label(keyed[0], keyed)  # a key never reaches a log line
+    assert "sk-" not in keyed[0].label(keyed)  # a key never reaches a log line
+    # with no others: engine and model, and every field off its plain value (options never)
+    assert q4.label() == "llamacpp / smollm2-135m"
+    assert spec(dtype="f16", gpu="A100", draft_tokens=4).label() == "llamacpp / smollm2-135m dtype=f16 gpu=A100 draft_tokens=4"
 
 
 def test_a_summary_in_a_ci_log_at_80_columns_keeps_every_prompt_id_and_header_whole(tmp_path):

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 def application() -> Any:
     """The Typer app, every command registered. Imported when first asked for, not with this package:
-    `harness run` starts its spare worker (harness.run.spare) before typer, rich and the commands load."""
+    `harness run` starts its spare worker (harness.run.start) before typer, rich and the commands load."""
     # imported in the order `harness --help` lists their commands: the pipeline's
     from harness.cli import running  # noqa: F401, I001 - registers plan, run, submit
     from harness.cli import statistics  # noqa: F401 - summarize, rescore, compare, check
@@ -28,9 +28,10 @@ def application() -> Any:
     return app
 
 
-def main(argv: Optional[list[str]] = None, spare: Any = None) -> Any:
-    """Entry point: user errors print one clear message and exit 1 (2 for bad input). `spare`: a
-    worker already started for `run` (the commands find it as their context's obj)."""
+def main(argv: Optional[list[str]] = None, start: Any = None) -> Any:
+    """Entry point: user errors print one clear message and exit 1 (2 for bad input). `start`: the
+    start-up of `run` (harness.run.start.RunStart), begun already; the commands find it as their
+    context's obj."""
     import typer
     from rich.console import Console
     from rich.markup import escape
@@ -40,7 +41,7 @@ def main(argv: Optional[list[str]] = None, spare: Any = None) -> Any:
     app = application()
     try:
         # without standalone mode, Exit(n) returns n
-        code = app(args=argv, standalone_mode=False, obj=spare)
+        code = app(args=argv, standalone_mode=False, obj=start)
         if isinstance(code, int) and code:
             sys.exit(code)
         return None
@@ -76,22 +77,21 @@ def entry() -> None:
     import os
 
     from harness.core.native_preload import ensure
-    from harness.run.spare import SpareWorker
+    from harness.run.start import RunStart
 
     if _loads_engines_here(sys.argv[1:]):  # before anything native loads (harness.core.native_preload)
         ensure()
-    # `harness run`: its worker starts now, its interpreter and imports overlapping this one's
-    spare = SpareWorker() if sys.argv[1:2] == ["run"] else None
+    start = RunStart.for_argv(sys.argv[1:])  # `harness run`: its worker starts now, overlapping this process's imports
     try:
-        main(spare=spare)
+        main(start=start)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     finally:
-        if spare is not None:  # run releases it itself; this is for `run --help`, a bad option, a crash
-            spare.release()
+        if start is not None:  # run releases it itself; this is for `run --help`, a bad option, a crash
+            start.release()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
-import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -88,60 +87,76 @@ def run(
     skipped for want of their GPU type run again. Exit code 0 when no cell ended failed, 1 when one did.
     """
     from harness.report.progress import MODES
-    from harness.run.spare import SpareWorker
+    from harness.run.start import RunStart
 
     allowed("--progress", progress, MODES)
-    started = ctx.obj if isinstance(ctx.obj, SpareWorker) else None  # by the `harness` command (harness.cli.entry)
-    with started or SpareWorker() as spare:  # its start overlaps the reading of the experiment
-        _run(experiment, out, force, shard, cells, where, reference, reference_run, summary, timeout,
-             checkpoint_every, progress, spare)
+    options = RunOptions(experiment, out, force, reference, reference_run, summary, timeout, shard, cells, where,
+                         checkpoint_every, progress)
+    begun = ctx.obj if isinstance(ctx.obj, RunStart) else None  # by the `harness` command (harness.cli.entry)
+    with begun or RunStart() as start:  # its worker's start overlaps the reading of the experiment
+        _run(options, start)
 
 
-def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str], cells: Optional[str],
-         where: list[str], reference: list[str], reference_run: str, summary: bool, timeout: Optional[float],
-         checkpoint_every: float, progress: str, spare: Any) -> None:
-    """The body of `run`, with a spare worker (harness.run.spare.SpareWorker) for the first engine load."""
+@dataclass(frozen=True)
+class RunOptions:
+    """`run`'s options, as the command line gave them."""
+
+    experiment: Path
+    out: Optional[Path] = None
+    force: bool = False
+    reference: tuple[str, ...] | list[str] = ()
+    reference_run: str = "first"
+    summary: bool = True
+    timeout: Optional[float] = None
+    shard: Optional[str] = None
+    cells: Optional[str] = None
+    where: tuple[str, ...] | list[str] = ()
+    checkpoint_every: float = 10.0
+    progress: str = "auto"
+
+    def selection(self) -> Any:
+        """The cells asked for: --shard, --cells, --where."""
+        from harness.experiment.selection import Selection, parse_shard
+        from harness.experiment.settings_args import parse_settings
+
+        return Selection(
+            shard=parse_shard(self.shard) if self.shard else None,
+            cell_ids=frozenset(c.strip() for c in self.cells.split(",") if c.strip()) if self.cells else None,
+            where=parse_settings(list(self.where), "--where"),
+        )
+
+
+def _run(options: RunOptions, start: Any) -> None:
+    """The body of `run`, with its start-up (harness.run.start.RunStart) begun."""
     from harness.experiment.matrix import expand, group, refuse_ignored
     from harness.experiment.reference_rules import refuse_reference
-    from harness.experiment.selection import Selection, apply, parse_shard
-    from harness.experiment.settings_args import parse_settings
+    from harness.experiment.selection import apply
     from harness.report.progress import reporter_for
-    from harness.run.ahead import first_load
 
+    experiment, reference, reference_run = options.experiment, list(options.reference), options.reference_run
     loaded = _experiment_or_folder(experiment)
-    selection = Selection(
-        shard=parse_shard(shard) if shard else None,
-        cell_ids=frozenset(c.strip() for c in cells.split(",") if c.strip()) if cells else None,
-        where=parse_settings(where, "--where"),
-    )
+    selection = options.selection()
     # refused before the results folder is touched or an engine loads (not after the GPU hours)
     refuse_reference(reference, reference_run, loaded.option_axes)
     all_cells = expand(loaded)
     refuse_ignored(loaded, all_cells)
     chosen = apply(group(all_cells), selection)
-    out = out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
+    out = options.out or (experiment if experiment.is_dir() else Path("results") / loaded.experiment.name)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file, not a folder; name a results folder (new or existing)")
-    ahead = first_load(loaded, chosen, out)
-    if ahead is not None:  # the spare loads it while this process imports pyarrow and adopts the experiment
-        spare.ahead(ahead, ahead.key)
+    start.send_ahead(loaded, chosen, out)  # the spare loads it while this process imports pyarrow and adopts
     from harness.results.folder import ResultsFolder
     from harness.run.runner import Runner
 
     folder = ResultsFolder(out)
-    if summary:  # the summary's libraries (pandas) load once the engine worker runs, not after it (nor before:
-        # an import holds the interpreter, and the main thread has the experiment to read and the worker to start)
-        def import_when_launched() -> None:
-            spare.taken.wait()
-            for module in SUMMARY_IMPORTS:
-                importlib.import_module(module)
-
-        threading.Thread(target=import_when_launched, daemon=True).start()
+    if options.summary:  # the summary's libraries (pandas) load once the engine worker runs
+        start.import_once_launched(SUMMARY_IMPORTS)
     screen = console()
     shown = escape(str(out))  # a path is printed as text, whatever brackets it holds
     screen.print(f"[bold]{loaded.experiment.name}[/bold] -> {shown}")
-    with reporter_for(progress, screen) as reporter:
-        runner = Runner(loaded, folder, reporter, group_timeout_s=timeout, checkpoint_s=checkpoint_every, spare=spare)
+    with reporter_for(options.progress, screen) as reporter:
+        runner = Runner(loaded, folder, reporter, group_timeout_s=options.timeout, checkpoint_s=options.checkpoint_every,
+                        spare=start.spare)
         adoption = runner.adoption
         if adoption.replaced:
             reporter.log(
@@ -150,7 +165,7 @@ def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str
                 "statistics"
             )
         try:
-            result = runner.run(force=force, selection=selection)
+            result = runner.run(force=options.force, selection=selection)
         except KeyboardInterrupt:
             reporter.stop()
             screen.print(f"[yellow]interrupted[/yellow]: {len(folder.store.cell_files())} finished cell(s) are in "
@@ -159,7 +174,7 @@ def _run(experiment: Path, out: Optional[Path], force: bool, shard: Optional[str
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.statuses.items()))
     screen.print(f"ran {len(result.ran)} cell(s) ({counts + ' rows' if counts else 'nothing new'}); "
                  f"{len(result.skipped_done)} already done")
-    if summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
+    if options.summary and result.statuses.get("ok", 0) + len(result.skipped_done) > 0:
         _summary_after_run(screen, out, loaded.experiment.name, reference, reference_run)
     if loaded.experiment.rescore and result.ran:
         _rescore_after_run(screen, out, set(result.ran))

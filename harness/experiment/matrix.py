@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -99,18 +98,6 @@ def _include_settings(matrix: Matrix, options: dict[str, list[str]], entry: dict
     return out
 
 
-def load_label(spec: LoadSpec, others: list[LoadSpec]) -> str:
-    """How a log line names one engine load among `others`: engine and model, plus every other
-    setting that tells it apart ('llamacpp / smollm2-135m dtype=f32 batch_invariant=True')."""
-    fields = [f.name for f in dataclasses.fields(LoadSpec) if f.name not in ("engine", "model", "options")]
-    differ = [f for f in fields if len({getattr(o, f) for o in others}) > 1]
-    same = [o for o in others if o.engine == spec.engine]  # options are told apart within one engine
-    keys = sorted({k for o in same for k in o.options})
-    options = [k for k in keys if len({repr(redact(o.options.get(k), k)) for o in same}) > 1]
-    extra = [f"{f}={getattr(spec, f)}" for f in differ] + [f"{k}={redact(spec.options.get(k), k)}" for k in options]
-    return " ".join([f"{spec.engine} / {spec.model}"] + extra)
-
-
 def expand(loaded: LoadedExperiment) -> list[Cell]:
     """All cells, in run order (grouped by engine load), each once."""
     exp = loaded.experiment
@@ -184,7 +171,7 @@ def group(cells: list[Cell]) -> list[Group]:
 
 
 def refuse_ignored(loaded: LoadedExperiment, cells: list[Cell]) -> None:
-    """Refuse a cell whose engine would run it without applying one of its settings (Engine.ignores):
+    """Refuse a cell whose engine would run it without applying one of its settings (Engine.axes: Ignore):
     it would differ from its neighbours only in its label, and look like a measurement of that setting.
     Checked when an experiment file is planned, run or submitted (a folder's snapshot ran already)."""
     if loaded.path.suffix not in (".yaml", ".yml"):
@@ -198,9 +185,9 @@ def refuse_ignored(loaded: LoadedExperiment, cells: list[Cell]) -> None:
             seen.add((engine, axis, str(value)))
             cls, axis_of = engine_class(engine), BY_NAME.get(axis)
             support = cls.axes.get(axis)
-            declared = isinstance(support, Ignore) and axis_of is not None and value != axis_of.default
-            why = support.why if declared else cls.ignores(axis, value, loaded.engine_options.get(engine, {}))
-            if why:
+            options = loaded.engine_options.get(engine, {})
+            if isinstance(support, Ignore) and support.ignores(value, options, axis_of.default if axis_of else value):
+                why = support.why
                 source = yamlsrc.load(loaded.path)  # read again only to name the line
                 loc = ("matrix", axis) if axis in source.data.get("matrix", {}) else ("include",)
                 raise ConfigError(f"{source.where(loc)}: {axis} {value} with engine {engine}: {why}; such cells "

@@ -307,10 +307,11 @@ class ResultsFolder:
                 cells.setdefault(cell.id, cell)
         return list(cells.values())
 
-    def stale_ids(self) -> list[str]:
-        """Cell files on disk that belong to no current experiment."""
-        current = {c.id for c in self.current_cells()}
-        return [p.stem for p in self.store.cell_files() if p.stem not in current]
+    def stale_ids(self, current: Iterable[str] | None = None) -> list[str]:
+        """Cell files on disk that belong to no current experiment: the one definition of a stale cell.
+        `current`: the current cell ids where the caller has them (default: the manifest's experiments')."""
+        ids = {c.id for c in self.current_cells()} if current is None else set(current)
+        return [p.stem for p in self.store.cell_files() if p.stem not in ids]
 
 
 def _as_yaml(snapshot: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.errors import HarnessError
-from harness.experiment.matrix import expand
 from harness.experiment.schema import LoadedExperiment
 from harness.results.folder import MANIFEST, ResultsFolder
 
@@ -92,8 +91,8 @@ def open_results(root: Path, all_cells: bool = False) -> Results:
         )
     on_disk = [p.stem for p in folder.store.cell_files()]
     experiments = folder.experiments()
-    current = {c.id for loaded in experiments for c in expand(loaded)}
-    stale = [c for c in on_disk if c not in current]
+    current = {c.id for c in folder.current_cells()}
+    stale = folder.stale_ids(current)
     chosen = on_disk if all_cells else [c for c in on_disk if c in current]
     if not chosen:
         raise HarnessError(

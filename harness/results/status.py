@@ -97,7 +97,7 @@ def folder_status(folder: ResultsFolder, cells: list[Cell] | None = None) -> Fol
             raise HarnessError(f"{folder.root}: no results manifest here; give the experiment with --experiment FILE")
         cells = folder.current_cells()
     current = {c.id for c in cells}
-    stale = [p.stem for p in folder.store.cell_files() if p.stem not in current]
+    stale = folder.stale_ids(current)
     partial = folder.partial() if folder.has_manifest() else {}
     states = cell_states(cells, folder.store)
     info: list[str] = []

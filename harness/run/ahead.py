@@ -19,7 +19,7 @@ from typing import Any
 from harness.engines.base import LoadSpec
 from harness.engines.parts.server_process import LOG_DIR_ENV
 from harness.engines.registry import engine_class
-from harness.experiment.matrix import Cell, Group, load_label, refused_setting
+from harness.experiment.matrix import Cell, Group, refused_setting
 from harness.experiment.schema import CURRENT_ENVIRONMENT, LoadedExperiment
 from harness.results import layout
 from harness.run.enforced import device_environment
@@ -34,7 +34,7 @@ class Ahead:
     spec: LoadSpec
     log: str
     base: Path
-    #: how the log names the load (harness.experiment.matrix.load_label)
+    #: how the log names the load (harness.engines.base.LoadSpec.label)
     label: str
 
     @property
@@ -69,4 +69,4 @@ def first_load(loaded: LoadedExperiment, chosen: list[tuple[Group, list[Cell]]],
         return None
     log = layout.group_log(out, grp.id)
     return Ahead(group_environment(spec, [], log), spec, str(log), loaded.base,
-                 load_label(spec, [g.spec for g, _ in chosen]))
+                 spec.label([g.spec for g, _ in chosen]))

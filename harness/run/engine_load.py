@@ -27,7 +27,7 @@ def load_engine(spec: LoadSpec, label: str, reporter: Any, base: Path, log: Path
     from harness.core.redaction import expand
     from harness.engines.registry import engine_class
 
-    reporter.log(f"loading {label or f'{spec.engine} / {spec.model}'}")
+    reporter.log(f"loading {label or spec.label()}")
     package = engine_class(spec.engine).native_package
     if package:  # what a crash in the load is explained with (harness.run.launch)
         from harness.core.native_preload import before_engine_line

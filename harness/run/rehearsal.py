@@ -81,8 +81,7 @@ def rehearse(spec: LoadSpec, base: Path, env: dict[str, str], timeout_s: float =
     """Rehearse one load of `spec` under `env` (the group's environment) in a child process: a finding
     that says what ran, or why it failed and what to do."""
     cls = engine_class(spec.engine)
-    what = f"{spec.engine} {spec.model}" + (f" (dtype {spec.dtype})" if spec.dtype != "auto" else "") + (
-        f" on {spec.gpu}" if spec.gpu != "any" else "")
+    what = spec.label()
     argv = [sys.executable, "-m", "harness.run.rehearsal", *flag(cls.native_package)]
     with tempfile.TemporaryDirectory(prefix="harness-rehearsal-") as tmp:
         log = Path(tmp) / "rehearsal.log"

@@ -129,7 +129,7 @@ class PlacedEngine:
         self.spec, self.base, self.log = spec, base, log
         self.machine = machine or scoring_machine()
         self.cls = engine_class(spec.engine)
-        self.label = f"{spec.engine} / {spec.model} dtype={spec.dtype}"
+        self.label = spec.label()
         self.engine: Any = None
         self.description = ""
 

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from harness.core.redaction import redact_text, scrub
 from harness.engines.registry import engine_class
-from harness.experiment.matrix import Cell, Group, expand, group, load_label, refused_setting
+from harness.experiment.matrix import Cell, Group, expand, group, refused_setting
 from harness.experiment.schema import LoadedExperiment
 from harness.experiment.selection import Selection, apply
 from harness.results import layout, provenance
@@ -188,6 +188,6 @@ class Runner:
                 self.reporter.advance((len(pending) - len(now)) * per_cell)
                 pending = now
             if pending:
-                self._run_group(grp, pending, rows, gpus, force, load_label(grp.spec, [g.spec for g, _ in todo]))
+                self._run_group(grp, pending, rows, gpus, force, grp.spec.label([g.spec for g, _ in todo]))
                 self._account(pending, result)
         return result
