@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -60,6 +60,15 @@ ALLOW_MIXED_HELP = (
     "the compared axis implies it (--reference gpu=... implies host). A slowdown never pairs two machines."
 )
 
+
+# Options several commands share, each declared once (Typer's Annotated style); a command gives the default.
+ResultsArg = Annotated[Path, typer.Argument(help="Results folder (from 'harness run').", show_default=False)]
+ReferenceOpt = Annotated[list[str], typer.Option("--reference", "-r", help=REFERENCE_HELP)]
+ReferenceRunOpt = Annotated[str, typer.Option("--reference-run", help=REFERENCE_RUN_HELP)]
+NearTieOpt = Annotated[Optional[float], typer.Option("--near-tie", min=0, help=NEAR_TIE_HELP)]
+ConfidentOpt = Annotated[Optional[float], typer.Option("--confident-margin", min=0, help=CONFIDENT_HELP)]
+AllowMixedOpt = Annotated[list[str], typer.Option("--allow-mixed", help=ALLOW_MIXED_HELP)]
+AllCellsOpt = Annotated[bool, typer.Option("--all-cells", help=ALL_CELLS_HELP)]
 
 def paragraphs(doc: str | None) -> str:
     """A docstring as help text: each paragraph one line, so that the terminal (not the source's line

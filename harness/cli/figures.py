@@ -8,12 +8,13 @@ from typing import Optional
 import typer
 
 from harness.cli.common import (
-    ALL_CELLS_HELP,
-    ALLOW_MIXED_HELP,
-    CONFIDENT_HELP,
-    NEAR_TIE_HELP,
-    REFERENCE_HELP,
-    REFERENCE_RUN_HELP,
+    AllCellsOpt,
+    AllowMixedOpt,
+    ConfidentOpt,
+    NearTieOpt,
+    ReferenceOpt,
+    ReferenceRunOpt,
+    ResultsArg,
     allowed,
     command,
     console,
@@ -23,14 +24,14 @@ from harness.cli.common import (
 
 @command()
 def report(
-    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    results: ResultsArg,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write. Default: RESULTS/report.html."),
-    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
-    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
-    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
-    confident: Optional[float] = typer.Option(None, "--confident-margin", min=0, help=CONFIDENT_HELP),
-    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    reference: ReferenceOpt = [],
+    reference_run: ReferenceRunOpt = "first",
+    near_tie: NearTieOpt = None,
+    confident: ConfidentOpt = None,
+    allow_mixed: AllowMixedOpt = [],
+    all_cells: AllCellsOpt = False,
 ) -> None:
     """One self-contained HTML file: overview, charts, and every run aligned with its reference.
 
@@ -48,15 +49,15 @@ def report(
 
 @command()
 def plot(
-    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    results: ResultsArg,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the figures. Default: RESULTS/plots."),
-    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
-    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
-    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
+    reference: ReferenceOpt = [],
+    reference_run: ReferenceRunOpt = "first",
+    near_tie: NearTieOpt = None,
     fmt: list[str] = typer.Option(["png", "svg"], "--format", "-f",
                                   help="png and/or svg (repeatable); csv alone writes only the numbers, drawing nothing."),
-    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    allow_mixed: AllowMixedOpt = [],
+    all_cells: AllCellsOpt = False,
 ) -> None:
     """The report's charts as PNG/SVG files for papers, each with a CSV of the numbers drawn.
 

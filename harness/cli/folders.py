@@ -9,13 +9,13 @@ from typing import Optional
 
 import typer
 
-from harness.cli.common import allowed, command, console
+from harness.cli.common import ResultsArg, allowed, command, console
 from harness.core.errors import UsageError
 
 
 @command()
 def status(
-    results: Path = typer.Argument(..., help="Results folder."),
+    results: ResultsArg,
     experiment: Optional[Path] = typer.Option(
         None, "--experiment", help="Judge the folder against this experiment file instead of the one it holds."
     ),

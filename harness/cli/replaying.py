@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
 
-from harness.cli.common import ALL_CELLS_HELP, allowed, command, data_console, open_folder, stdout_to_stderr, write_frame
+from harness.cli.common import (
+    AllCellsOpt,
+    ResultsArg,
+    allowed,
+    command,
+    data_console,
+    open_folder,
+    stdout_to_stderr,
+    write_frame,
+)
 
 
 @command()
 def replay(
-    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    results: ResultsArg,
     engine: Optional[str] = typer.Option(None, "--engine", help="Replay with this engine instead of each run's own "
                                          "(llamacpp; the others refuse with the reason)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Replay with the model in this dtype (e.g. f32: where "
@@ -28,7 +36,7 @@ def replay(
     where: list[str] = typer.Option([], "--where", help="Replay only the cells with this setting, AXIS=VALUE "
                                     "(repeatable)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per replayer, cell and prompt."),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    all_cells: AllCellsOpt = False,
 ) -> None:
     """Feed every recorded token of each ok run back through a decode loop, under the run's own setting or
     another, and compare the whole output with the source, not only up to the first split.

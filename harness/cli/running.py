@@ -11,7 +11,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli.common import REFERENCE_HELP, REFERENCE_RUN_HELP, allowed, command, console, open_analysis, open_folder
+from harness.cli.common import (
+    ReferenceOpt,
+    ReferenceRunOpt,
+    allowed,
+    command,
+    console,
+    open_analysis,
+    open_folder,
+)
 from harness.core.errors import HarnessError, UsageError, describe_os_error
 
 #: what the summary after a run imports, loaded while the engine worker runs (the summary itself then
@@ -61,8 +69,8 @@ def run(
     experiment: Path = typer.Argument(..., help="Experiment YAML file, or a results folder (runs the experiment it holds)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results folder (default: results/<name>)."),
     force: bool = typer.Option(False, "--force", help="Redo cells that are already done."),
-    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
-    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    reference: ReferenceOpt = [],
+    reference_run: ReferenceRunOpt = "first",
     summary: bool = typer.Option(True, "--summary/--no-summary", help="Print the summary table at the end."),
     timeout: Optional[float] = typer.Option(
         None, "--timeout", help="Seconds one engine group may take; past it its unfinished cells are failed."

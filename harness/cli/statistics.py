@@ -14,12 +14,13 @@ from rich.markup import escape
 from rich.text import Text
 
 from harness.cli.common import (
-    ALL_CELLS_HELP,
-    ALLOW_MIXED_HELP,
-    CONFIDENT_HELP,
-    NEAR_TIE_HELP,
-    REFERENCE_HELP,
-    REFERENCE_RUN_HELP,
+    AllCellsOpt,
+    AllowMixedOpt,
+    ConfidentOpt,
+    NearTieOpt,
+    ReferenceOpt,
+    ReferenceRunOpt,
+    ResultsArg,
     allowed,
     command,
     console,
@@ -66,11 +67,11 @@ def print_summaries(screen: Console, title: str, analysis: Any) -> None:
 
 @command()
 def summarize(
-    results: Path = typer.Argument(..., help="Results folder written by 'harness run'."),
-    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
-    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
-    near_tie: Optional[float] = typer.Option(None, "--near-tie", min=0, help=NEAR_TIE_HELP),
-    confident: Optional[float] = typer.Option(None, "--confident-margin", min=0, help=CONFIDENT_HELP),
+    results: ResultsArg,
+    reference: ReferenceOpt = [],
+    reference_run: ReferenceRunOpt = "first",
+    near_tie: NearTieOpt = None,
+    confident: ConfidentOpt = None,
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv go to stdout)."),
     what: str = typer.Option(
         "cells", "--what",
@@ -83,8 +84,8 @@ def summarize(
              "with the reference's margin where it split and its flip class). 'splits': where the "
              "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
     ),
-    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    allow_mixed: AllowMixedOpt = [],
+    all_cells: AllCellsOpt = False,
     save: bool = typer.Option(False, "--save", help="Also write summary.parquet, settings.parquet, slowdown.parquet "
                               "(and probes, answers, survival, flips_by_margin, flips where there are any) into the "
                               "results folder, as 'harness run' does."),
@@ -139,7 +140,7 @@ def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
 
 @command()
 def rescore(
-    results: Path = typer.Argument(..., help="Results folder (from 'harness run')."),
+    results: ResultsArg,
     engine: Optional[str] = typer.Option(None, "--engine", help="Score with this engine instead of each run's own "
                                          "(llamacpp or vllm; others refuse)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Score with the model in this dtype instead of the "
@@ -152,7 +153,7 @@ def rescore(
                                     "here anyway (by default they are refused: this machine's CPU would define "
                                     "their noise)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv per scorer, cell and prompt."),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    all_cells: AllCellsOpt = False,
 ) -> None:
     """Prefill each ok run's prompt + output in one pass, alone and without a cache, and compare the
     log-probability the scorer gives each generated token with the one decoding gave it: mean and max
@@ -213,8 +214,8 @@ def compare(
     b: Path = typer.Argument(..., help="Second results folder (e.g. from an L40S node)."),
     ignore: list[str] = typer.Option(["gpu"], "--ignore", help="Axes allowed to differ between A and B (repeatable)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv (json/csv: one record per run)."),
-    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    allow_mixed: AllowMixedOpt = [],
+    all_cells: AllCellsOpt = False,
     score: bool = typer.Option(False, "--score", help="Judge B against A's own noise: every run of both re-scored "
                                "by A's setting (llamacpp, vllm), mean |delta logprob| of B's runs against A's "
                                "repeats and batch sizes, with a permutation p-value (harness.run.noise_floor)."),
@@ -293,14 +294,14 @@ def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool, 
 
 @command()
 def check(
-    results: Path = typer.Argument(..., help="Results folder."),
+    results: ResultsArg,
     expect: Optional[Path] = typer.Option(None, "--expect",
                                           help="A YAML file with an 'expect:' list (default: the experiment's)."),
-    reference: list[str] = typer.Option([], "--reference", "-r", help=REFERENCE_HELP),
-    reference_run: str = typer.Option("first", "--reference-run", help=REFERENCE_RUN_HELP),
+    reference: ReferenceOpt = [],
+    reference_run: ReferenceRunOpt = "first",
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML."),
-    allow_mixed: list[str] = typer.Option([], "--allow-mixed", help=ALLOW_MIXED_HELP),
-    all_cells: bool = typer.Option(False, "--all-cells", help=ALL_CELLS_HELP),
+    allow_mixed: AllowMixedOpt = [],
+    all_cells: AllCellsOpt = False,
     fmt: str = typer.Option("table", "--format", "-f", help="table or json ({passed, verdicts: [{rule, passed, "
                             "detail}]} on stdout; the exit code is the same)."),
 ) -> None:
