@@ -1,7 +1,7 @@
 """One record per setting (all prompts of it together): the figures a verdict line and a gate rule
 read, with the divergence rate bounded two ways, labelled:
 
-    upper95_prompts  prompts as the independent unit (metrics.prompt_upper95): the default
+    upper95_prompts  prompts as the independent unit (bounds.prompt_upper95): the default
     upper95_pooled   every run as an independent trial (Clopper-Pearson over all runs), which
                      runs of one prompt are not; kept because it is the figure papers quote
 

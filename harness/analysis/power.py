@@ -1,10 +1,10 @@
 """How many runs and prompts an experiment needs to bound a divergence rate (`harness plan`).
 
 With no divergence seen in n independent trials, the exact one-sided 95 % upper bound on the rate
-is 1 - 0.05 ** (1 / n) (metrics.upper95), so bounding the rate below a target p takes
+is 1 - 0.05 ** (1 / n) (bounds.upper95), so bounding the rate below a target p takes
 n = ceil(ln 0.05 / ln(1 - p)) trials: 299 for 1 %, about 3 / p for small p. Runs count as trials
 in the pooled bound; prompts count as trials in the bound with prompts as the unit
-(metrics.prompt_upper95), the honest one when runs of a prompt move together. A plan also says
+(bounds.prompt_upper95), the honest one when runs of a prompt move together. A plan also says
 how likely it is to see at least one divergence if the true per-run rate is p: 1 - (1 - p) ** runs.
 """
 

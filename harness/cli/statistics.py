@@ -218,7 +218,7 @@ def compare(
     all_cells: AllCellsOpt = False,
     score: bool = typer.Option(False, "--score", help="Judge B against A's own noise: every run of both re-scored "
                                "by A's setting (llamacpp, vllm), mean |delta logprob| of B's runs against A's "
-                               "repeats and batch sizes, with a permutation p-value (harness.run.noise_floor)."),
+                               "repeats and batch sizes, with a permutation p-value (harness.analysis.noise_floor)."),
     gate: bool = typer.Option(False, "--gate", help="With --score: exit 1 when B is beyond A's noise in any "
                               "setting (an engine upgrade or a provider that must stay within it)."),
     any_device: bool = typer.Option(False, "--any-device", help="With --score: score A's runs here even where they "
