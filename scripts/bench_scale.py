@@ -42,7 +42,7 @@ from harness.experiment.config import load_experiment  # noqa: E402
 from harness.experiment.matrix import expand  # noqa: E402
 from harness.results.folder import ResultsFolder, fingerprint  # noqa: E402
 from harness.results.rows import output_hash  # noqa: E402
-from harness.results.store import LANDING_KEY  # noqa: E402
+from harness.results.schema import LANDING_KEY  # noqa: E402
 
 PROMPTS = 5
 TOKENS = 64
