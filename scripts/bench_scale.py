@@ -8,21 +8,28 @@ the shipped model first, about a minute). Every synthetic row is a copy of a rea
 columns, provenance included) with its cell, prompt, repeat and tokens replaced:
 
 - cells: batch_size 1 (the reference) and batch_size 2 for each of C/2 seeds; 5 prompts; R
-  repeats each (C x 5 x R = N rows);
+  repeats each (C x 5 x R = N rows; 1M rows: 500 cell files, 10M: 1000);
 - batch-1 runs all give the prompt's base output (64 tokens); in batch-2 cells a seeded share
   of runs takes one of 3 variants, variant j departing from the base at a known token index.
 
-Then it times `harness summarize`, `check`, `status`, `compare` (the folder with itself),
-`merge` and `report` as a user runs them (a fresh process each; wall time and peak memory from
-/usr/bin/time), and checks every statistic against the ground truth: runs, unique outputs,
-diverged counts, first divergence min and median, and the first split of the split tree.
-It prints one table per size and exits 1 when a statistic is wrong.
+Then it times a bare pyarrow read of the columns `summarize` reads (the baseline: the `/read`
+column is each command's wall time over it), `harness summarize`, `check`, `status`, `compare`
+(the folder with itself), `merge` (of one shard folder per cell, as a job array leaves them) and
+`report` as a user runs them: a fresh process each, wall time, and peak resident memory of the
+command and its worker processes together (sampled from /proc every 50 ms). It checks every
+statistic against the ground truth (runs, unique outputs, diverged counts, first divergence min
+and median, the first split of the split tree) and, up to 1M rows, that the statistics computed
+part by part equal those of one whole-folder read, table by table as CSV text. The goals of issue
+45 are printed beside their commands (10M rows: summarize < 60 s and < 4 GiB, report < 60 s and
+< 20 MiB, status and merge < 60 s; 1M rows: summarize < 8 s and < 1.5 GiB). It exits 1 when a
+statistic is wrong, a command fails or a goal is not met.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -110,7 +117,7 @@ class Truth:
 
 def build(folder: Path, template: pa.Table, rows: int, seed: int) -> Truth:
     """Write the synthetic folder: manifest (with the experiment) and one Parquet file per cell."""
-    cells = max(2, min(500, rows // 200) // 2 * 2)  # 1M rows: 500 cells x 5 prompts x 400 repeats
+    cells = max(2, min(1000, rows // 2000) // 2 * 2)  # 1M rows: 500 cells x 5 x 400; 10M: 1000 cells x 5 x 2000
     repeats = max(1, rows // (PROMPTS * cells))
     spec = folder.parent / f"{folder.name}.yaml"
     spec.write_text(experiment_text(cells, repeats))
@@ -126,34 +133,36 @@ def build(folder: Path, template: pa.Table, rows: int, seed: int) -> Truth:
             v[at:] = rng.integers(40000, 49000, size=TOKENS - at)
             variants[(p, j)] = v
     outputs = list(base.items()) + list(variants.items())
-    hashes = {k: output_hash(v.tolist()) for k, v in outputs}
-    as_list = {k: v.tolist() for k, v in outputs}
-    pieces = {k: [f"t{t}" for t in v] for k, v in outputs}
-    texts = {k: "".join(p) for k, p in pieces.items()}
+    # the few distinct outputs as one Arrow table: each run's columns are `take`s of it
+    distinct = pa.table({
+        "token_ids": pa.array([v.tolist() for _, v in outputs], pa.list_(pa.int32())),
+        "token_texts": pa.array([[f"t{t}" for t in v] for _, v in outputs], pa.list_(pa.string())),
+        "text": pa.array(["".join(f"t{t}" for t in v) for _, v in outputs]),
+        "output_hash": pa.array([output_hash(v.tolist()) for _, v in outputs]),
+    })
     truth = Truth({}, {}, {}, {}, {})
     pick = template.take(np.zeros(PROMPTS * repeats, dtype=np.int64))  # one real row, copied
     shares = np.cumsum([s for _, s in VARIANTS])
+    prompt_ids = np.repeat([f"p{i}" for i in range(PROMPTS)], repeats)
+    prompt_number = np.repeat(np.arange(PROMPTS), repeats)
     for cell in expand(loaded):
         n = PROMPTS * repeats
-        prompt_ids = np.repeat([f"p{i}" for i in range(PROMPTS)], repeats)
         choice = np.full(n, -1)
         if cell["batch_size"] == 2:
             draw = rng.random(n)
             choice = np.searchsorted(shares, draw, side="right")
             choice[choice >= len(VARIANTS)] = -1
-        keys = [p if c < 0 else (p, int(c)) for p, c in zip(prompt_ids, choice)]
+        # outputs are numbered base p0..p4, then (p, variant j) at PROMPTS + 3p + j
+        which = np.where(choice < 0, prompt_number, PROMPTS + prompt_number * len(VARIANTS) + choice)
+        runs = distinct.take(pa.array(which))
         columns = {
             "cell_id": pa.array([cell.id] * n), "group_id": pa.array([cell.group_id] * n),
             "prompt_id": pa.array(prompt_ids), "repeat": pa.array(np.tile(np.arange(repeats), PROMPTS), pa.int32()),
             "batch_size": pa.array([cell["batch_size"]] * n, pa.int32()), "seed": pa.array([cell["seed"]] * n, pa.int64()),
             "max_tokens": pa.array([TOKENS] * n, pa.int32()), "experiment": pa.array(["scale"] * n),
-            "token_ids": pa.array([as_list[k] for k in keys], pa.list_(pa.int32())),
-            "n_tokens": pa.array([TOKENS] * n, pa.int32()),
-            "token_texts": pa.array([pieces[k] for k in keys], pa.list_(pa.string())),
-            "text": pa.array([texts[k] for k in keys]),
-            "output_hash": pa.array([hashes[k] for k in keys]),
-            "logprobs": pa.array([[-0.5] * TOKENS] * n, pa.list_(pa.float32())),
-            "margins": pa.array([[1.0] * TOKENS] * n, pa.list_(pa.float32())),
+            "token_ids": runs["token_ids"], "n_tokens": pa.array([TOKENS] * n, pa.int32()),
+            "token_texts": runs["token_texts"], "text": runs["text"], "output_hash": runs["output_hash"],
+            "logprobs": same_lists(n, -0.5), "margins": same_lists(n, 1.0),
             "logprobs_hash": pa.array([None] * n, pa.string()),
             "filler_ids": pa.array([[] if cell["batch_size"] == 1 else ["filler-00"]] * n, pa.list_(pa.string())),
         }
@@ -182,13 +191,76 @@ def build(folder: Path, template: pa.Table, rows: int, seed: int) -> Truth:
     return truth
 
 
-def timed(args: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run a harness command in a fresh process: (wall s, peak resident MiB, result)."""
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
-        done = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", out.name, sys.executable, "-m", "harness", *args],
-                              capture_output=True, text=True, cwd=ROOT)
-        wall, kib = out.read().split()[-2:]
-    return float(wall), int(kib) / 1024, done
+def same_lists(n: int, value: float) -> pa.Array:
+    """n lists of TOKENS float32 values, all `value`."""
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * TOKENS)
+    return pa.ListArray.from_arrays(offsets, pa.array(np.full(n * TOKENS, value, dtype=np.float32)))
+
+
+def _tree_rss(root: int) -> int:
+    """Resident KiB of a process and all its descendants (worker processes count), from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def timed(args: list[str], module: bool = True) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run a harness command in a fresh process: (wall s, peak resident MiB of it and its worker
+    processes together, sampled every 50 ms, result)."""
+    import threading
+    import time
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        command = [sys.executable, *(["-m", "harness"] if module else []), *args]
+        process = subprocess.Popen(command, stdout=out, stderr=err, cwd=ROOT, text=True)
+        peak = 0
+
+        def sample() -> None:
+            nonlocal peak
+            while process.poll() is None:
+                peak = max(peak, _tree_rss(process.pid))
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        process.wait()
+        wall = time.perf_counter() - start
+        sampler.join()
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(process.args, process.returncode, out.read(), err.read())
+    return wall, peak / 1024, done
+
+
+def shards(folder: Path, into: Path) -> list[Path]:
+    """The folder as one shard folder per cell, as a job array leaves it (manifest copied, cell file linked)."""
+    made = []
+    for i, cell in enumerate(sorted((folder / "cells").glob("*.parquet"))):
+        shard = into / f"shard-{i:04d}"
+        (shard / "cells").mkdir(parents=True)
+        for meta in folder.iterdir():
+            if meta.is_file() and meta.suffix in (".json", ".yaml"):
+                shutil.copy(meta, shard / meta.name)
+        os.link(cell, shard / "cells" / cell.name)
+        made.append(shard)
+    return made
 
 
 def check_summary(folder: Path, truth: Truth) -> list[str]:
@@ -228,6 +300,43 @@ def check_splits(folder: Path, truth: Truth) -> list[str]:
         [f"{len(set(roots) - set(want))} splits where none was injected"] if set(roots) - set(want) else [])
 
 
+def equal_to_whole(folder: Path) -> list[str]:
+    """The tables `summarize` shows when the folder is read part by part (harness.analysis.partitioned,
+    here in parts of a tenth of the folder) against the same tables of one whole-folder Analysis, as
+    CSV text: the names of those that differ."""
+    import io
+
+    from harness.analysis.folder_analysis import TABLES, Analysis
+    from harness.analysis.partitioned import PartitionedAnalysis, streamed
+    from harness.results.folder_rows import open_results
+
+    def text(frame) -> str:
+        out = io.StringIO()
+        frame.to_csv(out, index=False)
+        return out.getvalue()
+
+    results = open_results(folder)
+    total = sum(pq.read_metadata(p).num_rows for p in results.folder.store.cell_files(results.cell_ids))
+    parts = streamed(Analysis(results), budget=max(1, total // 10))
+    assert isinstance(parts, PartitionedAnalysis)
+    whole = Analysis(results)
+    differ = [name for name in TABLES if text(parts.table(name)) != text(whole.table(name))]
+    return differ + (["notes"] if parts.notes != whole.notes else [])
+
+
+#: (size, command) -> (most seconds, most MiB), as issue 45 sets them; the report's file size apart
+GOALS = {(10_000_000, "summarize"): (60, 4096), (1_000_000, "summarize"): (8, 1536), (10_000_000, "report"): (60, None),
+         (10_000_000, "status"): (60, None), (10_000_000, "merge (one shard folder per cell)"): (60, None)}
+REPORT_MOST_MIB = 20
+
+
+def bare_read(folder: Path) -> list[str]:
+    """The baseline every reader pays: pyarrow reading the columns `summarize` reads, nothing computed."""
+    code = ("import sys, pyarrow.dataset as ds; from harness.analysis.folder_analysis import SUMMARY_COLUMNS as c; "
+            "d = ds.dataset(sys.argv[1]); d.to_table(columns=[n for n in c if n in d.schema.names])")
+    return ["-c", code, str(folder / "cells")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -248,32 +357,54 @@ def main() -> int:
             total = sum(pq.read_metadata(p).num_rows for p in (folder / "cells").glob("*.parquet"))
             size = sum(p.stat().st_size for p in (folder / "cells").glob("*.parquet")) / 2**20
             print(f"\n{total} rows in {len(list((folder / 'cells').glob('*.parquet')))} cells ({size:.0f} MiB on disk)")
-            print(f"{'command':<34} {'wall s':>7} {'peak MiB':>9}  result")
+            print(f"{'command':<34} {'wall s':>7} {'/read':>6} {'peak MiB':>9}  result")
             commands = {
+                "bare read (pyarrow, baseline)": None,
                 "summarize": ["summarize", str(folder), "--save"],
                 "check": ["check", str(folder)],
                 "status": ["status", str(folder)],
                 "compare (folder with itself)": ["compare", str(folder), str(folder)],
-                "merge": ["merge", str(folder), "--out", str(work / f"merged-{n}")],
+                "merge (one shard folder per cell)": "merge",
                 "report": ["report", str(folder), "--out", str(work / f"report-{n}.html")],
             }
+            base = None
             for name, command in commands.items():
                 if name.split()[0] in args.skip:
                     continue
-                shutil.rmtree(work / f"merged-{n}", ignore_errors=True)
-                wall, mib, done = timed(command)
+                if command == "merge":
+                    shutil.rmtree(work / "shards", ignore_errors=True)
+                    shutil.rmtree(work / f"merged-{n}", ignore_errors=True)
+                    command = ["merge", *map(str, shards(folder, work / "shards")), "--out", str(work / f"merged-{n}")]
+                wall, mib, done = timed(command) if command else timed(bare_read(folder), module=False)
+                base = wall if command is None else base
                 note = f"exit {done.returncode}"
                 if name == "summarize":
                     wrong = check_summary(folder, truth) + check_splits(folder, truth)
                     note += "; statistics = ground truth" if not wrong else "; WRONG: " + "; ".join(wrong[:5])
                     failed |= bool(wrong)
+                    if n <= 1_000_000:
+                        differ = equal_to_whole(folder)
+                        note += "; part by part = whole folder" if not differ else f"; DIFFER from whole: {differ}"
+                        failed |= bool(differ)
+                goal = GOALS.get((n, name))
                 if name == "report" and done.returncode == 0:
-                    note += f"; {(work / f'report-{n}.html').stat().st_size / 2**20:.1f} MiB HTML"
+                    size = (work / f"report-{n}.html").stat().st_size / 2**20
+                    note += f"; {size:.1f} MiB HTML"
+                    if goal:
+                        note += f" (goal < {REPORT_MOST_MIB}: {'met' if size < REPORT_MOST_MIB else 'NOT MET'})"
+                        failed |= size >= REPORT_MOST_MIB
+                if goal:
+                    met = wall < goal[0] and (goal[1] is None or mib < goal[1])
+                    note += f"; goal < {goal[0]} s" + (f", < {goal[1]} MiB" if goal[1] else "") + \
+                        (": met" if met else ": NOT MET")
+                    failed |= not met
                 failed |= done.returncode != 0
                 if done.returncode != 0:
                     note += f" ({(done.stderr or done.stdout).strip().splitlines()[-1:]})"
-                print(f"{name:<34} {wall:>7.1f} {mib:>9.0f}  {note}", flush=True)
+                ratio = f"{wall / base:5.1f}x" if base and command else "     "
+                print(f"{name:<34} {wall:>7.1f} {ratio} {mib:>9.0f}  {note}", flush=True)
             shutil.rmtree(work / f"merged-{n}", ignore_errors=True)
+            shutil.rmtree(work / "shards", ignore_errors=True)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -127,13 +127,16 @@ def open_analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (
                   reference_run: str = "first", near_tie: float | None = None,
                   confident: float | None = None) -> Any:
     """The folder read against `--reference` and `--reference-run` under `--allow-mixed`
-    (harness.analysis.folder_analysis): reading only."""
+    (harness.analysis.folder_analysis), its statistics part by part where it is larger than one part
+    (harness.analysis.partitioned): reading only."""
     from harness.analysis.flips import CONFIDENT
     from harness.analysis.folder_analysis import Analysis
     from harness.analysis.near_ties import NEAR_TIE
+    from harness.analysis.partitioned import streamed
 
-    return Analysis.parsed(open_folder(folder, all_cells), reference, allow_mixed, reference_run,
-                           NEAR_TIE if near_tie is None else near_tie, CONFIDENT if confident is None else confident)
+    return streamed(Analysis.parsed(open_folder(folder, all_cells), reference, allow_mixed, reference_run,
+                                    NEAR_TIE if near_tie is None else near_tie,
+                                    CONFIDENT if confident is None else confident))
 
 
 @contextlib.contextmanager

@@ -153,6 +153,22 @@ class StoreReading:
                 frame[name] = None
         return frame[names]
 
+    def cell_heads(self, columns: list[str], cell_ids: Iterable[str] | None = None) -> pd.DataFrame:
+        """Per finished cell file, in file order: `cell_id`, its row count `rows` (from the footer) and
+        `columns` of its first row (a cell holds one setting), later axes filled as read_rows fills
+        them; the values of a file without rows are missing. Reads a few hundred bytes a file."""
+        import pandas as pd
+
+        def head(path: Path) -> dict[str, Any]:
+            footer = readable(path)
+            rows = footer.metadata.num_rows
+            present = [c for c in columns if c in footer.schema_arrow.names]
+            first = footer.read_row_group(0, columns=present).slice(0, 1) if rows else None
+            values = _with_later_axes(first, columns).to_pylist()[0] if first is not None and first.num_rows else {}
+            return {"cell_id": path.stem, "rows": rows} | {c: values.get(c) for c in columns}
+
+        return pd.DataFrame(_file_by_file(head, self.cell_files(cell_ids)), columns=["cell_id", "rows", *columns])
+
     def tokens_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[int]]:
         """Token ids of the outputs with these hashes (one row each), read without loading all."""
         return self._lists_for("output_hash", "token_ids", hashes, cell_ids)

@@ -1,0 +1,120 @@
+"""A campaign's statistics part by part (harness.analysis.partitions), in worker processes, joined
+into the tables a whole-folder Analysis gives, value for value.
+
+Each part is analysed by the same code as a small folder (an Analysis of its cells), so there is
+one definition of every statistic; what this module adds is the cutting and the joining. A table
+whose records are per setting (or finer) is the parts' records in setting order: every table but
+`flips` is sorted by its setting columns first, and a setting lies in one part, so a stable sort of
+the joined records on those columns restores the whole-folder order. `flips` lists departed runs
+in the folder's row order: cell files in sorted order, rows as stored.
+
+Memory: a worker holds one part at a time (partitions.PART_ROWS rows); the parent holds only the
+tables. Workers are started fresh (spawn), never forked from a parent whose Arrow threads run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from harness.analysis import partitions
+from harness.analysis.folder_analysis import Analysis
+from harness.results.columns import keys_of
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: the tables one pass over the parts computes (everything `summarize`, `check` and `--save` show);
+#: latency reads every run's inter-token gaps and has a pass of its own, when asked
+STATISTICS = ("summary", "by_setting", "slowdown", "probes", "answers", "survival", "near_ties", "flips_by_margin",
+              "flips", "notes")
+#: worker processes at most: each holds a part, so memory grows with them
+MOST_WORKERS = 4
+
+
+def _part_tables(analysis: Analysis, names: tuple[str, ...]) -> dict[str, Any]:
+    """The named attributes of one part's Analysis (run in a worker)."""
+    return {name: getattr(analysis, name) for name in names}
+
+
+def _joined(frames: list[pd.DataFrame], name: str) -> pd.DataFrame:
+    """One table from the parts' pieces, in the whole-folder order (see the module's docstring)."""
+    import pandas as pd
+
+    present = [f for f in frames if not f.empty]
+    if not present:
+        return frames[0]
+    if len(present) == 1:
+        return present[0]
+    table = pd.concat(present, ignore_index=True)
+    order = ["cell_id"] if name == "flips" else [k for k in keys_of(table) if k in table]
+    return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True) if order else table
+
+
+class PartitionedAnalysis(Analysis):
+    """An Analysis whose tables are computed part by part in `workers` processes; the per-run frames
+    (`rows`, `compared`, `report_rows`, `paired`) are still the whole folder's, read when asked."""
+
+    def __init__(self, analysis: Analysis, parts: list[list[str]], workers: int) -> None:
+        super().__init__(analysis.results, analysis.reference, analysis.allow_mixed, analysis.reference_run,
+                         analysis.near_tie, analysis.confident)
+        self.parts = parts
+        self.workers = workers
+
+    def _pass(self, names: tuple[str, ...]) -> dict[str, list[Any]]:
+        """Per name, the parts' values, in part order."""
+        results = self.results
+        pieces = [Analysis(replace(results, cell_ids=cells), self.reference, self.allow_mixed, self.reference_run,
+                           self.near_tie, self.confident) for cells in self.parts]
+        if self.workers < 2:  # one CPU: no process to start, one part in memory at a time all the same
+            done = [_part_tables(piece, names) for piece in pieces]
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
+                done = list(pool.map(_part_tables, pieces, [names] * len(pieces)))
+        return {name: [d[name] for d in done] for name in names}
+
+    @cached_property
+    def _statistics(self) -> dict[str, Any]:
+        found = self._pass(STATISTICS)
+        tables = {name: _joined(found[name], name) for name in STATISTICS if name != "notes"}
+        return tables | {"notes": sorted(set().union(*map(set, found["notes"])))}
+
+    summary = cached_property(lambda self: self._statistics["summary"])
+    by_setting = cached_property(lambda self: self._statistics["by_setting"])
+    slowdown = cached_property(lambda self: self._statistics["slowdown"])
+    probes = cached_property(lambda self: self._statistics["probes"])
+    answers = cached_property(lambda self: self._statistics["answers"])
+    survival = cached_property(lambda self: self._statistics["survival"])
+    flips = cached_property(lambda self: self._statistics["flips"])
+    notes = cached_property(lambda self: self._statistics["notes"])
+
+    @property
+    def near_ties(self) -> pd.DataFrame:
+        return self._statistics["near_ties"]
+
+    @property
+    def flips_by_margin(self) -> pd.DataFrame:
+        return self._statistics["flips_by_margin"]
+
+    @cached_property
+    def latency(self) -> pd.DataFrame:
+        return _joined(self._pass(("latency",))["latency"], "latency")
+
+
+def workers_here() -> int:
+    """The worker processes this machine gives a campaign: its CPUs (as this process may use them), at most MOST_WORKERS."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MOST_WORKERS, cpus))
+
+
+def streamed(analysis: Analysis, budget: int = partitions.PART_ROWS, workers: int | None = None) -> Analysis:
+    """`analysis` as it is where its folder fits one part of `budget` rows; else its tables part by part."""
+    parts = partitions.plan(analysis.results, analysis.reference, budget)
+    if len(parts) < 2:
+        return analysis
+    return PartitionedAnalysis(analysis, parts, min(len(parts), workers or workers_here()))

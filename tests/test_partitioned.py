@@ -1,0 +1,134 @@
+"""A campaign's statistics part by part (harness.analysis.partitioned) equal those of one
+whole-folder read, table by table as the CSV `summarize` writes, on a seeded folder that has what a
+campaign has: several seeds and batch sizes, batch-invariant pairs, failed runs, two engine loads
+per cell, log-probabilities that move, near ties, parsed answers, serving latencies, a missing cell,
+and stale cells read with --all-cells. Parts are made tiny here so that every unit is cut apart
+from the others; the 1M-row check is scripts/bench_scale.py."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.analysis.folder_analysis import TABLES, Analysis
+from harness.analysis.partitioned import PartitionedAnalysis, streamed
+from harness.core.errors import HarnessError
+from harness.experiment.config import load_experiment
+from harness.experiment.matrix import expand
+from harness.results.folder_rows import open_results
+from harness.results.rows import logprobs_hash
+
+from .conftest import row_for, synthetic_folder
+
+PROMPTS = ["p1", "p2", "p3", "p4"]
+REPEATS = 6
+BASE = {p: [100 + 7 * i + j for j in range(12)] for i, p in enumerate(PROMPTS)}
+
+
+def _runs(cell, rng: np.random.Generator) -> list[dict]:
+    """A cell's rows: batch 1 mostly agrees with itself, larger batches depart at seeded steps."""
+    rows = []
+    for prompt in PROMPTS:
+        for repeat in range(REPEATS):
+            tokens = list(BASE[prompt])
+            if rng.random() < (0.1 if cell["batch_size"] == 1 else 0.4):
+                at = int(rng.integers(0, len(tokens)))
+                tokens[at:] = [int(t) for t in rng.integers(900, 990, size=len(tokens) - at)]
+            if rng.random() < 0.15:
+                tokens = tokens[:int(rng.integers(3, len(tokens)))]  # ended early: censored
+            if rng.random() < 0.05:
+                rows.append(row_for(cell, prompt, repeat, status="failed", error="engine died (seeded)"))
+                continue
+            lp = [-0.25 * j - (0.001 if rng.random() < 0.3 else 0.0) for j in range(len(tokens))]
+            margins = [float(m) for m in rng.choice([0.01, 0.05, 0.5, 3.0], size=len(tokens))]
+            answer = "yes" if tokens[0] == BASE[prompt][0] else "no"
+            rows.append(row_for(
+                cell, prompt, repeat, tokens, schema_version=3, logprobs=lp, logprobs_hash=logprobs_hash(lp),
+                margins=margins, load_id=f"{cell.id}-{repeat // 3}", target_tokens_per_s=float(rng.uniform(10, 50)),
+                batch_tokens_per_s=float(rng.uniform(20, 90)), ttft_s=float(rng.uniform(0.01, 0.2)),
+                itl_s=[float(x) for x in rng.uniform(0.01, 0.05, size=max(0, len(tokens) - 1))],
+                answer_parsed=answer if prompt in ("p1", "p2") else None,
+                answer_expected="yes" if prompt in ("p1", "p2") else None,
+                answer_correct=(answer == "yes") if prompt in ("p1", "p2") else None))
+    return rows
+
+
+def _campaign(root, repeats: int = REPEATS, seeds: tuple[int, ...] = (0, 1, 2)):
+    folder, cells = synthetic_folder(root, PROMPTS, {"batch_size": [1, 2, 4], "batch_invariant": [False, True],
+                                                     "seed": list(seeds)}, repeats=repeats, max_tokens=12)
+    spec_path = root.parent / f"{root.name}.yaml"
+    spec = yaml.safe_load(spec_path.read_text())
+    for p in spec["prompts"][:2]:
+        p |= {"answer": "yes", "parse": "exact"}
+    spec_path.write_text(yaml.safe_dump(spec))
+    loaded = load_experiment(spec_path)
+    folder.adopt(loaded)
+    rng = np.random.default_rng(45)
+    for cell in expand(loaded):
+        if (cell["batch_size"], cell["seed"], cell["batch_invariant"]) == (4, 2, True):
+            continue  # never ran: a missing cell
+        folder.write_cell(cell.id, _runs(cell, rng), "t")
+    return folder
+
+
+def _csv(frame) -> str:
+    out = io.StringIO()
+    frame.to_csv(out, index=False)
+    return out.getvalue()
+
+
+def _assert_equal(results, budget: int, workers: int, **options) -> None:
+    parts = streamed(Analysis(results, **options), budget=budget, workers=workers)
+    assert isinstance(parts, PartitionedAnalysis) and len(parts.parts) > 2
+    whole = Analysis(results, **options)
+    for name in TABLES:
+        assert not whole.table(name).empty or name in ("probes",), name  # the folder exercises the table
+        assert _csv(parts.table(name)) == _csv(whole.table(name)), name
+    assert _csv(parts.latency) == _csv(whole.latency)
+    assert parts.notes == whole.notes
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    return _campaign(tmp_path_factory.mktemp("campaign") / "results")
+
+
+def test_parts_in_worker_processes_equal_the_whole_folder(campaign):
+    _assert_equal(open_results(campaign.root), budget=30, workers=2)
+
+
+@pytest.mark.parametrize("options", [{"reference": {"seed": 0}}, {"reference_run": "modal"},
+                                     {"reference": {"batch_size": 2}, "near_tie": 0.02, "confident": 1.0}])
+def test_parts_equal_the_whole_folder_under_other_references(campaign, options):
+    _assert_equal(open_results(campaign.root), budget=1, workers=1, **options)
+
+
+def test_stale_cells_read_with_all_cells_are_planned_from_their_rows(tmp_path):
+    """A changed experiment leaves the old cells stale: --all-cells reads them, and their units come
+    from their files' first rows (no experiment names them any more)."""
+    first = _campaign(tmp_path / "results")
+    _campaign(tmp_path / "results", seeds=(3, 4))  # the new version: other cells, the old ones stale
+    results = open_results(first.root, all_cells=True)
+    assert len(results.stale) == 17
+    _assert_equal(results, budget=40, workers=1)
+
+
+def test_two_cells_of_one_setting_are_refused_part_by_part_too(tmp_path):
+    """Stale and current cells of the same setting and prompt: the whole-folder read refuses them,
+    naming both, and so does the read part by part (they fall in one part; the pair it names first
+    may be another of the same kind)."""
+    first = _campaign(tmp_path / "results")
+    _campaign(tmp_path / "results", repeats=REPEATS + 1)  # same settings, new cell ids
+    results = open_results(first.root, all_cells=True)
+    with pytest.raises(HarnessError, match="both claim prompt"):
+        Analysis(results).summary
+    with pytest.raises(HarnessError, match="both claim prompt .* they come from different experiments"):
+        streamed(Analysis(results), budget=1, workers=1).summary
+
+
+def test_a_folder_within_one_part_is_read_whole(campaign):
+    analysis = Analysis(open_results(campaign.root))
+    assert streamed(analysis) is analysis
