@@ -16,19 +16,25 @@ def _same(a: Path, b: Path) -> bool:
 def _plan(sources: list[ResultsFolder], target: ResultsFolder) -> dict[str, ResultsFolder]:
     """cell id -> the folder to take it from. Done beats not done; done twice (and different) is an error."""
     chosen: dict[str, ResultsFolder] = {p.stem: target for p in target.store.cell_files()}
+    # a job array's shards share one experiment: its cells are worked out once, not once a shard
+    current: dict[tuple[str, ...], set[str]] = {}
     for source in sources:
         if not source.has_manifest():
             raise HarnessError(f"{source.root}: no results manifest; run it with this harness version first")
-        for cell in source.current_cells():
-            path = source.store.cell_path(cell.id)
-            holder = chosen.get(cell.id)
-            if not path.is_file() or (holder is not None and _same(holder.store.cell_path(cell.id), path)):
+        made_by = tuple(e["fingerprint"] for e in source.manifest()["experiments"])
+        if made_by not in current:
+            current[made_by] = {c.id for c in source.current_cells()}
+        for path in source.store.cell_files():
+            cell_id = path.stem
+            holder = chosen.get(cell_id)
+            if cell_id not in current[made_by] or (
+                    holder is not None and _same(holder.store.cell_path(cell_id), path)):
                 continue
-            if holder is None or not holder.store.is_done(cell.id):
-                chosen[cell.id] = source
-            elif source.store.is_done(cell.id):
+            if holder is None or not holder.store.is_done(cell_id):
+                chosen[cell_id] = source
+            elif source.store.is_done(cell_id):
                 raise HarnessError(
-                    f"cell {cell.id} is done in two places: {holder.store.cell_path(cell.id)} and {path}; they "
+                    f"cell {cell_id} is done in two places: {holder.store.cell_path(cell_id)} and {path}; they "
                     "are two runs of one cell. Remove the one you do not want, then merge again (nothing was copied)"
                 )
     return chosen
