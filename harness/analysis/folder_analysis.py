@@ -179,13 +179,14 @@ class Analysis:
                                          self.reference_run)
 
     @cached_property
-    def notes(self) -> list[str]:
-        """What the loads chose by themselves (llama.cpp's extra buffers off under auto) and the CPU
-        kernel paths the rows were computed in, from the rows."""
+    def seen(self) -> tuple[list[Any], list[Any]]:
+        """The distinct engine_info and cpu_kernels values of the rows (what `notes` is made of)."""
         rows = self.rows
-        notes = auto_fallbacks(_distinct(rows["engine_info"])) if "engine_info" in rows else []
-        paths = sorted({str(p) for p in _distinct(rows["cpu_kernels"]) if str(p)}) if "cpu_kernels" in rows else []
-        return notes + [f"cpu kernels: {p}" for p in paths]
+        return tuple(_distinct(rows[c]) if c in rows else [] for c in ("engine_info", "cpu_kernels"))
+
+    @cached_property
+    def notes(self) -> list[str]:
+        return notes_of(*self.seen)
 
     def missing(self) -> pd.DataFrame | None:
         """The current experiments' cells that have no file yet (their settings and id), or None."""
@@ -215,6 +216,13 @@ class Analysis:
             frame = self.table(name)
             if always or not frame.empty:
                 store.atomic_write(root / f"{stem}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, index=False))
+
+
+def notes_of(engine_info: Iterable[Any], cpu_kernels: Iterable[Any]) -> list[str]:
+    """What the loads chose by themselves (llama.cpp's extra buffers off under auto) and the CPU
+    kernel paths the rows were computed in, from the rows' distinct values of those columns."""
+    paths = sorted({str(p) for p in cpu_kernels if str(p)})
+    return auto_fallbacks(engine_info) + [f"cpu kernels: {p}" for p in paths]
 
 
 def _distinct(column: pd.Series) -> list[Any]:

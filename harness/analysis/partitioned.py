@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from harness.analysis import partitions
-from harness.analysis.folder_analysis import Analysis
+from harness.analysis.folder_analysis import Analysis, notes_of
 from harness.results.columns import keys_of
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: the tables one pass over the parts computes (everything `summarize`, `check` and `--save` show);
 #: latency reads every run's inter-token gaps and has a pass of its own, when asked
 STATISTICS = ("summary", "by_setting", "slowdown", "probes", "answers", "survival", "near_ties", "flips_by_margin",
-              "flips", "notes")
+              "flips", "seen")
 #: worker processes at most: each holds a part, so memory grows with them
 MOST_WORKERS = 4
 
@@ -67,22 +67,24 @@ class PartitionedAnalysis(Analysis):
 
     def _pass(self, names: tuple[str, ...]) -> dict[str, list[Any]]:
         """Per name, the parts' values, in part order."""
-        results = self.results
-        pieces = [Analysis(replace(results, cell_ids=cells), self.reference, self.allow_mixed, self.reference_run,
-                           self.near_tie, self.confident) for cells in self.parts]
-        if self.workers < 2:  # one CPU: no process to start, one part in memory at a time all the same
-            done = [_part_tables(piece, names) for piece in pieces]
+        def piece(cells: list[str]) -> Analysis:
+            return Analysis(replace(self.results, cell_ids=cells), self.reference, self.allow_mixed,
+                            self.reference_run, self.near_tie, self.confident)
+
+        if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
+            done = [_part_tables(piece(cells), names) for cells in self.parts]
         else:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
-                done = list(pool.map(_part_tables, pieces, [names] * len(pieces)))
+                done = list(pool.map(_part_tables, map(piece, self.parts), [names] * len(self.parts)))
         return {name: [d[name] for d in done] for name in names}
 
     @cached_property
     def _statistics(self) -> dict[str, Any]:
         found = self._pass(STATISTICS)
-        tables = {name: _joined(found[name], name) for name in STATISTICS if name != "notes"}
-        return tables | {"notes": sorted(set().union(*map(set, found["notes"])))}
+        tables = {name: _joined(found[name], name) for name in STATISTICS if name != "seen"}
+        seen = tuple(list(dict.fromkeys(v for part in found["seen"] for v in part[i])) for i in (0, 1))
+        return tables | {"notes": notes_of(*seen)}
 
     summary = cached_property(lambda self: self._statistics["summary"])
     by_setting = cached_property(lambda self: self._statistics["by_setting"])
