@@ -1,3 +1,4 @@
 from harness.cli import entry
 
-entry()
+if __name__ == "__main__":  # not when a worker process started by spawn imports it (harness.analysis.partitioned)
+    entry()

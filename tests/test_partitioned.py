@@ -137,3 +137,28 @@ def test_two_cells_of_one_setting_are_refused_part_by_part_too(tmp_path):
 def test_a_folder_within_one_part_is_read_whole(campaign):
     analysis = Analysis(open_results(campaign.root))
     assert streamed(analysis) is analysis
+
+
+def test_summarize_and_check_read_a_folder_above_one_part_part_by_part(campaign, monkeypatch):
+    """The commands as a user runs them: with parts of 30 rows, `summarize --format csv` of every
+    table is the whole-folder CSV, and `check` gives the verdicts a whole-folder read gives."""
+    from harness.analysis import partitions
+
+    from .conftest import run_harness
+
+    monkeypatch.setattr(partitions, "PART_ROWS", 30)  # the forked command sees it
+    whole = Analysis(open_results(campaign.root))  # batch sizes of one seed: one load's kernels, no mixing
+    assert len(partitions.plan(whole.results, whole.reference, 30)) > 2
+    for name in ("cells", "settings", "flips"):
+        done = run_harness("summarize", str(campaign.root), "--what", name, "--format", "csv")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == _csv(whole.table(name)), name
+    rules = campaign.root.parent / "expect.yaml"
+    rules.write_text("expect:\n  - {where: {batch_size: 1}, match_rate_min: 0.5}\n"
+                     "  - {where: {batch_size: 4}, match_rate_min: 0.99}\n")
+    check = ["check", str(campaign.root), "--expect", str(rules), "--format", "json"]
+    parts = run_harness(*check)
+    monkeypatch.setattr(partitions, "PART_ROWS", 10**9)
+    whole_check = run_harness(*check)
+    assert parts.returncode == whole_check.returncode == 1, parts.stderr  # batch 4 departs: the gate fails
+    assert parts.stdout == whole_check.stdout

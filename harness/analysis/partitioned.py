@@ -114,9 +114,10 @@ def workers_here() -> int:
     return max(1, min(MOST_WORKERS, cpus))
 
 
-def streamed(analysis: Analysis, budget: int = partitions.PART_ROWS, workers: int | None = None) -> Analysis:
-    """`analysis` as it is where its folder fits one part of `budget` rows; else its tables part by part."""
-    parts = partitions.plan(analysis.results, analysis.reference, budget)
+def streamed(analysis: Analysis, budget: int | None = None, workers: int | None = None) -> Analysis:
+    """`analysis` as it is where its folder fits one part of `budget` rows (partitions.PART_ROWS);
+    else its tables part by part."""
+    parts = partitions.plan(analysis.results, analysis.reference, budget or partitions.PART_ROWS)
     if len(parts) < 2:
         return analysis
     return PartitionedAnalysis(analysis, parts, min(len(parts), workers or workers_here()))

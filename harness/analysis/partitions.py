@@ -19,7 +19,7 @@ from harness.experiment.axes import AXES
 from harness.results.folder_rows import Results
 
 #: rows a part holds: a part's statistics take about 1.3 KB a row in pandas, so a worker process
-#: stays near 400 MB (docs/measured.md#scale)
+#: stays near 400-600 MB (docs/measured.md, "Ten million rows on a login node")
 PART_ROWS = 250_000
 #: axes that pair cells of different settings besides the reference axes (metrics.slowdown)
 PAIRING_AXES = ("batch_invariant",)

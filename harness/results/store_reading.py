@@ -163,7 +163,9 @@ class StoreReading:
             footer = readable(path)
             rows = footer.metadata.num_rows
             present = [c for c in columns if c in footer.schema_arrow.names]
-            first = footer.read_row_group(0, columns=present).slice(0, 1) if rows else None
+            head_group = footer.metadata.num_row_groups and footer.metadata.row_group(0).num_rows
+            first = (footer.read_row_group(0, columns=present) if head_group else footer.read(columns=present)) \
+                .slice(0, 1) if rows else None
             values = _with_later_axes(first, columns).to_pylist()[0] if first is not None and first.num_rows else {}
             return {"cell_id": path.stem, "rows": rows} | {c: values.get(c) for c in columns}
 
