@@ -16,7 +16,7 @@ Then it times a bare pyarrow read of the columns `summarize` reads (the baseline
 column is each command's wall time over it), `harness summarize`, `check`, `status`, `compare`
 (the folder with itself), `merge` (of one shard folder per cell, as a job array leaves them) and
 `report` as a user runs them: a fresh process each, wall time, and peak resident memory of the
-command and its worker processes together (sampled from /proc every 50 ms). It checks every
+command and its worker processes together (sampled from /proc every 100 ms). It checks every
 statistic against the ground truth (runs, unique outputs, diverged counts, first divergence min
 and median, the first split of the split tree) and, up to 1M rows, that the statistics computed
 part by part equal those of one whole-folder read, table by table as CSV text. The goals of issue
@@ -198,31 +198,24 @@ def same_lists(n: int, value: float) -> pa.Array:
 
 
 def _tree_rss(root: int) -> int:
-    """Resident KiB of a process and all its descendants (worker processes count), from /proc."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        rss[pid] = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    """Resident KiB of a process and all its descendants (worker processes count), from /proc: each
+    process's children from its tasks' `children` files, so a sample reads a few files."""
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # ended meanwhile
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     return total
 
 
 def timed(args: list[str], module: bool = True) -> tuple[float, float, subprocess.CompletedProcess]:
     """Run a harness command in a fresh process: (wall s, peak resident MiB of it and its worker
-    processes together, sampled every 50 ms, result)."""
+    processes together, sampled every 100 ms, result)."""
     import threading
     import time
 
@@ -236,7 +229,7 @@ def timed(args: list[str], module: bool = True) -> tuple[float, float, subproces
             nonlocal peak
             while process.poll() is None:
                 peak = max(peak, _tree_rss(process.pid))
-                time.sleep(0.05)
+                time.sleep(0.1)
 
         sampler = threading.Thread(target=sample)
         sampler.start()

@@ -162,3 +162,29 @@ def test_summarize_and_check_read_a_folder_above_one_part_part_by_part(campaign,
     whole_check = run_harness(*check)
     assert parts.returncode == whole_check.returncode == 1, parts.stderr  # batch 4 departs: the gate fails
     assert parts.stdout == whole_check.stdout
+
+
+def test_the_report_part_by_part_shows_what_a_whole_read_shows(campaign):
+    """Every number, entry and chart of the HTML report's data, read part by part and whole."""
+    from harness.report import html
+
+    results = open_results(campaign.root)
+    parts = streamed(Analysis(results), budget=30, workers=1)
+    assert isinstance(parts, PartitionedAnalysis)
+    payloads = [html.build(parts), html.build(Analysis(results))]
+    for payload in payloads:
+        payload["meta"].pop("generated_at")
+    assert payloads[0]["runs"] and payloads[0]["charts"]["splits"]["records"] and payloads[0]["charts"]["margins"]
+    texts = [json.dumps(p, sort_keys=True) for p in payloads]
+    assert texts[0] == texts[1]
+
+
+def test_a_report_entry_lists_its_first_repeat_ranges_and_counts_the_rest():
+    """A campaign's entry of thousands of runs scattered over the repeats: the page lists the first
+    RANGES_SHOWN ranges and says how many more there are, so the file stays small and says so."""
+    from harness.report.html import RANGES_SHOWN, _ranges
+
+    assert _ranges([3, 1, 2, 7]) == {"repeats": [[1, 3], [7, 7]]}
+    scattered = _ranges(list(range(0, 200, 2)))
+    assert scattered["repeats"] == [[r, r] for r in range(0, 2 * RANGES_SHOWN, 2)]
+    assert scattered["ranges_left_out"] == 100 - RANGES_SHOWN

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from harness.analysis import (
     answer_metrics,
@@ -32,6 +32,8 @@ from harness.results.rows import auto_fallbacks
 
 if TYPE_CHECKING:
     import pandas as pd
+
+T = TypeVar("T")
 
 
 #: the row columns the statistics need (token lists and texts are read per distinct output, not per run)
@@ -198,6 +200,11 @@ class Analysis:
         missing = pd.DataFrame([c.as_dict | {"cell_id": c.id} for e in self.results.experiments for c in expand(e)
                                 if c.id not in on_disk])
         return None if missing.empty else missing.drop_duplicates("cell_id", ignore_index=True)
+
+    def per_part(self, fn: Callable[[Analysis], T]) -> list[T]:
+        """`fn` of each part of the folder, in order: here the folder is one part (a campaign's
+        Analysis reads it part by part: harness.analysis.partitioned)."""
+        return [fn(self)]
 
     # -- writing, only when asked --------------------------------------------------------------
 

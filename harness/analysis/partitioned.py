@@ -18,8 +18,8 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from harness.analysis import partitions
 from harness.analysis.folder_analysis import Analysis, notes_of
@@ -27,6 +27,8 @@ from harness.results.columns import keys_of
 
 if TYPE_CHECKING:
     import pandas as pd
+
+T = TypeVar("T")
 
 #: the tables one pass over the parts computes (everything `summarize`, `check` and `--save` show);
 #: latency reads every run's inter-token gaps and has a pass of its own, when asked
@@ -39,6 +41,18 @@ MOST_WORKERS = 4
 def _part_tables(analysis: Analysis, names: tuple[str, ...]) -> dict[str, Any]:
     """The named attributes of one part's Analysis (run in a worker)."""
     return {name: getattr(analysis, name) for name in names}
+
+
+def _with_statistics(analysis: Analysis, fn: Callable[[Analysis], T]) -> tuple[T, dict[str, Any]]:
+    """`fn` of one part's Analysis, then its STATISTICS from the same rows (run in a worker)."""
+    return fn(analysis), _part_tables(analysis, STATISTICS)
+
+
+def _statistics_of(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The folder's tables from its parts' STATISTICS; the notes from their distinct values."""
+    tables = {name: _joined([f[name] for f in found], name) for name in STATISTICS if name != "seen"}
+    seen = tuple(list(dict.fromkeys(v for f in found for v in f["seen"][i])) for i in (0, 1))
+    return tables | {"notes": notes_of(*seen)}
 
 
 def _joined(frames: list[pd.DataFrame], name: str) -> pd.DataFrame:
@@ -65,26 +79,31 @@ class PartitionedAnalysis(Analysis):
         self.parts = parts
         self.workers = workers
 
-    def _pass(self, names: tuple[str, ...]) -> dict[str, list[Any]]:
-        """Per name, the parts' values, in part order."""
+    def per_part(self, fn: Callable[[Analysis], T]) -> list[T]:
+        """`fn` (a module-level function: it travels to the workers by name) of each part's Analysis, in
+        part order. The first pass computes the statistics too, from the rows `fn` read: a report
+        reads the folder once."""
+        if "_statistics" in self.__dict__:
+            return self._map(fn)
+        found = self._map(partial(_with_statistics, fn=fn))
+        self.__dict__["_statistics"] = _statistics_of([tables for _, tables in found])
+        return [value for value, _ in found]
+
+    def _map(self, fn: Callable[[Analysis], T]) -> list[T]:
+        """`fn` of each part's Analysis, in part order; one part's rows in memory per worker at a time."""
         def piece(cells: list[str]) -> Analysis:
             return Analysis(replace(self.results, cell_ids=cells), self.reference, self.allow_mixed,
                             self.reference_run, self.near_tie, self.confident)
 
         if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
-            done = [_part_tables(piece(cells), names) for cells in self.parts]
-        else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
-                done = list(pool.map(_part_tables, map(piece, self.parts), [names] * len(self.parts)))
-        return {name: [d[name] for d in done] for name in names}
+            return [fn(piece(cells)) for cells in self.parts]
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
+            return list(pool.map(fn, map(piece, self.parts)))
 
     @cached_property
     def _statistics(self) -> dict[str, Any]:
-        found = self._pass(STATISTICS)
-        tables = {name: _joined(found[name], name) for name in STATISTICS if name != "seen"}
-        seen = tuple(list(dict.fromkeys(v for part in found["seen"] for v in part[i])) for i in (0, 1))
-        return tables | {"notes": notes_of(*seen)}
+        return _statistics_of(self._map(partial(_part_tables, names=STATISTICS)))
 
     summary = cached_property(lambda self: self._statistics["summary"])
     by_setting = cached_property(lambda self: self._statistics["by_setting"])
@@ -105,7 +124,8 @@ class PartitionedAnalysis(Analysis):
 
     @cached_property
     def latency(self) -> pd.DataFrame:
-        return _joined(self._pass(("latency",))["latency"], "latency")
+        return _joined([tables["latency"] for tables in self._map(partial(_part_tables, names=("latency",)))],
+                       "latency")
 
 
 def workers_here() -> int:

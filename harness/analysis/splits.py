@@ -84,7 +84,9 @@ def splits(
     first split's branches add up to the cell's totals.
     """
     ok = rows[rows["status"] == "ok"]
-    counts = ok.groupby(keys + ["cell_id", "prompt_id", "output_hash"], dropna=False).size().rename("n").reset_index()
+    # settings are constant inside a cell: count per (cell, prompt, output), then put them back per cell
+    counts = ok.groupby(["cell_id", "prompt_id", "output_hash"], dropna=False).size().rename("n").reset_index()
+    counts = counts.merge(ok.drop_duplicates("cell_id")[["cell_id"] + keys], on="cell_id", how="left", sort=False)
     several = counts.groupby(["cell_id", "prompt_id"])["output_hash"].transform("nunique") > 1
     counts = counts[several]
     columns = keys + ["cell_id", "prompt_id"] + SPLIT_COLUMNS

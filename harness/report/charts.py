@@ -73,53 +73,94 @@ def step_value(values: Any, k: int) -> float | None:
     return None if math.isnan(value) else value
 
 
-def compute(analysis: Analysis) -> Charts:
-    """The charts of one analysis: its report rows, their pairing with the reference, and its answer,
-    slowdown, survival and near-tie statistics. Margins are read for the departing runs and their
-    references only."""
-    rows, annotated = analysis.report_rows, analysis.paired
-    margins_for = analysis.results.margins_for
-    varying = varying_axes(rows)
-    answers = analysis.answers
-    if not answers.empty:
-        answers = _labelled(answers, varying)
-    judged = annotated[annotated["matched"].notna()].copy()
-    judged["series"] = series_labels(judged, varying)
-    identical = (
-        judged.assign(identical=judged["matched"].astype(bool))
-        .groupby(["series", "batch_size"], sort=True)
-        .agg(compared=("identical", "size"), identical=("identical", "sum"))
-        .reset_index()
-    )
-    identical["share"] = identical["identical"] / identical["compared"]
+@dataclass
+class ChartPart:
+    """One part's per-run chart data, by cell: the series are named once every part is in, since
+    which settings vary is a fact of the whole folder (harness.analysis.partitioned)."""
 
-    split = judged[judged["first_divergence"].notna()].copy()
-    divergence = split[["series", "batch_size", "first_divergence"]].astype({"first_divergence": int})
+    cells: pd.DataFrame  # cell_id and the setting columns, a record per cell
+    identical: pd.DataFrame  # cell_id, compared, identical
+    divergence: pd.DataFrame  # cell_id, first_divergence: a record per departed run, in row order
+    #: a record per departed run, indexed like the part's paired rows: cell_id, prompt_id,
+    #: first_divergence, margin_run, margin_reference
+    margins: pd.DataFrame
+    splits: pd.DataFrame  # harness.analysis.splits records of the part's cells
 
+
+def chart_part(analysis: Analysis) -> ChartPart:
+    """The per-run chart data of one analysis (a folder, or one part of a campaign): its report
+    rows paired with the reference. Margins are read for the departing runs and their references only."""
+    from harness.analysis.splits import splits
+
+    rows, annotated, r = analysis.report_rows, analysis.paired, analysis.results
+    keys = keys_of(rows)
+    judged = annotated[annotated["matched"].notna()]
+    identical = (judged.assign(identical=judged["matched"].astype(bool)).groupby("cell_id", sort=False)
+                 .agg(compared=("identical", "size"), identical=("identical", "sum")).reset_index())
+    split = judged[judged["first_divergence"].notna()]
     first = annotated[annotated["is_reference"]]  # the runs that stand for their cells
     first = first[first["cell_id"].isin(set(split["reference_cell"].dropna()))]
-    margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], margins_for(first))}
+    margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], r.margins_for(first))}
     records = {}
-    for index, r, run_margins in zip(split.index, split.itertuples(index=False), margins_for(split)):
-        k = int(r.first_divergence)
+    runs = split[["cell_id", "prompt_id", "first_divergence", "reference_cell"]].itertuples(index=False)
+    for index, run, run_margins in zip(split.index, runs, r.margins_for(split)):
+        k = int(run.first_divergence)
         records[index] = {
-            "series": r.series, "batch_size": r.batch_size, "prompt_id": r.prompt_id, "first_divergence": k,
+            "cell_id": run.cell_id, "prompt_id": run.prompt_id, "first_divergence": k,
             "margin_run": step_value(run_margins, k),
-            "margin_reference": step_value(margin_of.get((r.reference_cell, r.prompt_id)), k),
+            "margin_reference": step_value(margin_of.get((run.reference_cell, run.prompt_id)), k),
         }
     margins = pd.DataFrame.from_dict(records, orient="index", columns=[
-        "series", "batch_size", "prompt_id", "first_divergence", "margin_run", "margin_reference"])
-    return Charts(
+        "cell_id", "prompt_id", "first_divergence", "margin_run", "margin_reference"])
+    return ChartPart(
+        cells=rows.drop_duplicates("cell_id")[["cell_id"] + keys].reset_index(drop=True),
         identical=identical,
-        divergence=divergence.reset_index(drop=True),
+        divergence=split[["cell_id", "first_divergence"]].astype({"first_divergence": int}).reset_index(drop=True),
         margins=margins,
+        splits=splits(rows, r.tokens_for, r.texts_for, keys),
+    )
+
+
+def _in_row_order(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per-run records of the parts in the folder's row order: cell files sorted by id, rows as stored."""
+    present = [f for f in frames if not f.empty] or frames[:1]
+    joined = pd.concat(present, ignore_index=True) if len(present) > 1 else present[0].reset_index(drop=True)
+    return joined.sort_values("cell_id", kind="stable").reset_index(drop=True) if len(present) > 1 else joined
+
+
+def joined(parts: list[ChartPart], analysis: Analysis) -> Charts:
+    """The charts of a folder from its parts' chart data and the analysis's statistics tables
+    (answers, slowdown, survival, near ties)."""
+    cells = pd.concat([p.cells for p in parts], ignore_index=True)
+    varying = varying_axes(cells)
+    series = dict(zip(cells["cell_id"], series_labels(cells, varying)))
+    x = dict(zip(cells["cell_id"], cells[X_AXIS]))
+
+    def labelled(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+        return frame.assign(**{"series": frame["cell_id"].map(series).astype(object),
+                               X_AXIS: frame["cell_id"].map(x)})[["series", X_AXIS] + columns]
+
+    identical = (labelled(pd.concat([p.identical for p in parts], ignore_index=True), ["compared", "identical"])
+                 .groupby(["series", X_AXIS], sort=True).sum().reset_index())
+    identical["share"] = identical["identical"] / identical["compared"]
+    answers = analysis.answers
+    charts = Charts(
+        identical=identical,
+        divergence=labelled(_in_row_order([p.divergence for p in parts]), ["first_divergence"]),
+        margins=labelled(_in_row_order([p.margins for p in parts]),
+                         ["prompt_id", "first_divergence", "margin_run", "margin_reference"]),
         slowdown=_labelled(analysis.slowdown, [v for v in varying if v != "batch_invariant"]),
         reference=_reference_label(analysis),
         varying=varying,
-        answers=answers,
+        answers=answers if answers.empty else _labelled(answers, varying),
         survival=_series_first(analysis.survival, varying),
         flips_by_margin=_series_first(analysis.flips_by_margin, varying),
     )
+    trees = [p.splits for p in parts if not p.splits.empty]
+    if trees:
+        tree = pd.concat(trees, ignore_index=True).sort_values(["cell_id", "prompt_id"], kind="stable")
+        add_splits(charts, tree.reset_index(drop=True))
+    return charts
 
 
 def _reference_label(analysis: Any) -> str:
@@ -135,16 +176,12 @@ def _series_first(frame: pd.DataFrame, varying: list[str]) -> pd.DataFrame:
     return out[["series", X_AXIS] + [c for c in frame.columns if c not in keys]]
 
 
-def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) -> Charts:
-    """The split trees of these rows (harness.analysis.splits), labelled like the other charts' series.
+def add_splits(ch: Charts, tree: pd.DataFrame) -> Charts:
+    """The split trees (harness.analysis.splits), labelled like the other charts' series.
 
     `depth` is 0 for a cell's first split, 1 for a split inside one of its branches, and so on.
     """
-    from harness.analysis.splits import splits
-
-    tree = splits(rows, tokens_for, texts_for, keys_of(rows))
-    if tree.empty:
-        return ch
+    tree = tree.copy()
     tree.insert(0, "series", series_labels(tree, ch.varying))
     depth: dict[tuple[str, str, int], int] = {}
     levels = []
@@ -157,8 +194,6 @@ def add_splits(ch: Charts, rows: pd.DataFrame, tokens_for: Any, texts_for: Any) 
 
 
 def of_analysis(analysis: Analysis) -> Charts:
-    """The data of every chart (report and `harness plot`), splits included."""
-    r = analysis.results
-    data = compute(analysis)
-    add_splits(data, analysis.report_rows, r.tokens_for, r.texts_for)
-    return data
+    """The data of every chart (report and `harness plot`), splits included, part by part where the
+    analysis reads a campaign in parts."""
+    return joined(analysis.per_part(chart_part), analysis)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis import metrics
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.axes import AXES
 from harness.experiment.varying import varying
@@ -48,9 +47,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _distinct(column: pd.Series) -> str:
+def _listed(values: list[str]) -> str:
     """The different values of a column, joined: a merged folder from two machines shows both."""
-    values = [str(v) for v in column.dropna().unique() if str(v) not in ("", "None")]
+    values = [v for v in values if v not in ("", "None")]
     return "; ".join(values[:6]) + (f"; and {len(values) - 6} more" if len(values) > 6 else "")
 
 
@@ -73,15 +72,22 @@ def _outputs(ok: pd.DataFrame, results: Results) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _ranges(repeats: list[int]) -> list[list[int]]:
-    """Sorted repeat numbers as [first, last] runs of consecutive ones: 1000 repeats, a few pairs."""
+#: repeat ranges an entry lists at most; the rest are counted (a campaign's entry of 2000 runs
+#: scattered over 10,000 repeats would otherwise list hundreds of ranges, each entry)
+RANGES_SHOWN = 16
+
+
+def _ranges(repeats: list[int]) -> dict[str, Any]:
+    """Sorted repeat numbers as [first, last] runs of consecutive ones (1000 repeats, a few pairs):
+    `repeats`, the first RANGES_SHOWN of them, and `ranges_left_out` where there are more."""
     out: list[list[int]] = []
     for r in sorted(repeats):
         if out and r == out[-1][1] + 1:
             out[-1][1] = r
         else:
             out.append([r, r])
-    return out
+    return {"repeats": out[:RANGES_SHOWN]} | ({"ranges_left_out": len(out) - RANGES_SHOWN}
+                                               if len(out) > RANGES_SHOWN else {})
 
 
 def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,22 +98,22 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
     settings = keys_of(ok)  # every axis and swept option: what the viewer filters and shows
     keys = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
             "n_tokens", "_margin_run", "_margin_ref"] + probe
-    frame = ok[[c for c in dict.fromkeys(keys + settings + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
+    frame = ok[[c for c in dict.fromkeys(keys + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
     for column, name in (("_margin_run", "margin_run"), ("_margin_ref", "margin_reference")):
         given = {i: m[name] for i, m in margins.items() if m.get(name) is not None}
         frame[column] = pd.Series(given, dtype=float).reindex(frame.index)
     # aggregate per entry first (a few thousand groups), then build each entry from one record
     g = frame.groupby(keys, dropna=False, sort=False)
-    table = g[settings].first(skipna=False).join(
-        g.agg(repeat=("repeat", "min"), count=("repeat", "size"), tps=("target_tokens_per_s", "median"))
-    ).reset_index()
-    repeats = g["repeat"].agg(lambda r: _ranges(r.astype(int).tolist())).to_numpy()
+    table = g.agg(repeat=("repeat", "min"), count=("repeat", "size"), tps=("target_tokens_per_s", "median")).reset_index()
+    # settings are constant inside a cell: put them back from a table of cells, not per entry group
+    table = table.merge(ok.drop_duplicates("cell_id")[["cell_id"] + settings], on="cell_id", how="left", sort=False)
+    repeats = [_ranges([int(x) for x in r]) for r in g["repeat"].agg(list)]
     entries = []
     for r, spans in zip(table.to_dict("records"), repeats):
         k = None if pd.isna(r["first_divergence"]) else int(r["first_divergence"])
         run = {
             "cell": r["cell_id"], "prompt": r["prompt_id"], "repeat": int(r["repeat"]),
-            "count": int(r["count"]), "repeats": spans, "status": "ok",
+            "count": int(r["count"]), **spans, "status": "ok",
             "s": {a: _plain(r[a]) for a in settings}, "h": r["output_hash"], "n": int(r["n_tokens"]),
             "ref": bool(r["is_reference"]),
             "refcell": r["reference_cell"] if isinstance(r["reference_cell"], str) else None,
@@ -123,7 +129,7 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
         first = part.iloc[0]
         entries.append({
             "cell": values[0], "prompt": values[1], "repeat": int(part["repeat"].min()), "count": int(len(part)),
-            "repeats": _ranges(part["repeat"].astype(int).tolist()), "status": values[2],
+            **_ranges(part["repeat"].astype(int).tolist()), "status": values[2],
             "error": values[3] if isinstance(values[3], str) else "", "s": {a: _plain(first[a]) for a in settings if a in first},
             "ref": False,
         })
@@ -141,8 +147,8 @@ def _margin_points(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return _records(pts)
 
 
-def _probe_table(rows: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]:
-    table = metrics.probe_summary(rows)
+def _probe_table(table: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]]:
+    """The logit probes per setting (metrics.probe_summary), labelled like the charts' series."""
     if table.empty:
         return []
     table.insert(0, "series", charts_mod.series_labels(table, varying))
@@ -196,31 +202,72 @@ def _prompt_texts(results: Results) -> dict[str, str]:
     return {p.id: p.text for loaded in results.experiments for p in loaded.prompt_set.prompts}
 
 
-def build(analysis: Analysis) -> dict[str, Any]:
-    """Everything the page shows, as plain data."""
-    store, rows, annotated, chart = analysis.results, analysis.report_rows, analysis.paired, charts_mod.of_analysis(analysis)
-    margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
+#: the columns whose distinct values the page's header lists
+HEADER_COLUMNS = ["experiment", *PROVENANCE]
 
-    runs = _run_entries(annotated, rows[rows["status"] != "ok"], margins)
+
+def report_part(analysis: Analysis) -> dict[str, Any]:
+    """What the page needs from one part's runs (a folder, or a part of a campaign): its chart
+    data, run entries, distinct outputs and the header's facts, each joinable with other parts'."""
+    rows, annotated = analysis.report_rows, analysis.paired
+    chart = charts_mod.chart_part(analysis)
+    margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
+    return {
+        "charts": chart,
+        "runs": _run_entries(annotated, rows[rows["status"] != "ok"], margins),
+        "outputs": _outputs(annotated, analysis.results),
+        # each distinct value with the cell where it first appears: the parts' values join in row order
+        "seen": {c: rows[[c, "cell_id"]].dropna(subset=[c]).drop_duplicates(c).astype(str).values.tolist()
+                 for c in HEADER_COLUMNS},
+        "run_ids": set(rows["run_id"].dropna().unique().tolist()),
+        "max_tokens": {int(v) for v in rows["max_tokens"].dropna().unique()},
+        "statuses": {k: int(v) for k, v in rows["status"].value_counts().items()},
+        "matrix": {a: set(map(str, chart.cells[a].dropna().unique())) for a in AXES},  # a cell holds one setting
+        "cells": int(rows["cell_id"].nunique()),
+    }
+
+
+def _joined_header(parts: list[dict[str, Any]]) -> dict[str, str]:
+    """Per header column, its distinct values in the folder's row order, joined as the page shows them."""
+    out = {}
+    for column in HEADER_COLUMNS:
+        pairs = sorted((cell, i, value) for i, (value, cell) in
+                       enumerate(pair for part in parts for pair in part["seen"][column]))
+        out[column] = _listed(list(dict.fromkeys(value for _, _, value in pairs)))
+    return out
+
+
+def build(analysis: Analysis) -> dict[str, Any]:
+    """Everything the page shows, as plain data, from the folder's parts (one, unless the analysis
+    reads a campaign part by part)."""
+    store = analysis.results
+    parts = analysis.per_part(report_part)
+    chart = charts_mod.joined([p["charts"] for p in parts], analysis)
+    runs = sorted((e for p in parts for e in p["runs"]), key=lambda e: (e["status"] != "ok", e["cell"]))
+    statuses = pd.Series({}, dtype="int64")
+    for part in parts:
+        statuses = statuses.add(pd.Series(part["statuses"], dtype="int64"), fill_value=0)
+    header = _joined_header(parts)
     descriptions = [e.experiment.description for e in store.experiments if e.experiment.description]
+    cells = pd.concat([p["charts"].cells for p in parts], ignore_index=True)
     return {
         "meta": {
-            "experiment": _distinct(rows["experiment"]),
+            "experiment": header["experiment"],
             "description": " / ".join(descriptions),
             "results": str(store.root),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "reference": chart.reference,
-            "run_ids": sorted(rows["run_id"].dropna().unique().tolist()),
-            "max_tokens": sorted(int(v) for v in rows["max_tokens"].dropna().unique()),
-            "statuses": {k: int(v) for k, v in rows["status"].value_counts().items()},
-            "matrix": {a: sorted(map(str, rows[a].dropna().unique())) for a in AXES},
-            "provenance": {c: _distinct(rows[c]) for c in PROVENANCE},
-            "cells": int(rows["cell_id"].nunique()),
+            "run_ids": sorted(set().union(*(p["run_ids"] for p in parts))),
+            "max_tokens": sorted(set().union(*(p["max_tokens"] for p in parts))),
+            "statuses": {k: int(v) for k, v in statuses.sort_values(ascending=False, kind="stable").items()},
+            "matrix": {a: sorted(set().union(*(p["matrix"][a] for p in parts))) for a in AXES},
+            "provenance": {c: header[c] for c in PROVENANCE},
+            "cells": sum(p["cells"] for p in parts),
         },
-        "filters": varying(rows, keys_of(rows)) or ["engine"],
+        "filters": varying(cells, keys_of(cells)) or ["engine"],
         "guarantees": _guarantees(analysis),
         "prompts": _prompt_texts(store),
-        "outputs": _outputs(annotated, store),
+        "outputs": {h: o for p in parts for h, o in p["outputs"].items()},
         "runs": runs,
         "charts": {
             "identical": _records(chart.identical),
@@ -228,7 +275,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
                                    .size().rename("runs").reset_index()),
             "margins": _margin_points(chart.margins),
             "slowdown": _records(chart.slowdown),
-            "probes": _probe_table(rows, chart.varying),
+            "probes": _probe_table(analysis.probes, chart.varying),
             "answers": _records(chart.answers),
             "splits": _split_records(chart.splits),
             "survival": _records(chart.survival),

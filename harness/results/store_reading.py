@@ -235,8 +235,10 @@ class StoreReading:
         return out
 
     def _values_in_cell(self, column: str, cell_id: str, part: "pd.DataFrame") -> tuple[Any, list[Any]]:
-        """(the index of `part`'s runs found in the cell's file, their `column` values)."""
+        """(the index of `part`'s runs found in the cell's file, their `column` values): the wanted runs
+        are found among the file's (prompt, repeat) pairs by one merge, not a Python loop over its rows."""
         import numpy as np
+        import pandas as pd
 
         path = self.cell_path(cell_id)
         if not path.is_file():
@@ -244,18 +246,13 @@ class StoreReading:
         handle = readable(path)
         if column not in handle.schema_arrow.names:
             return part.index[:0], []
-        ids = handle.read(columns=["prompt_id", "repeat"])
-        prompts = [str(p) for p in part["prompt_id"].astype(object).unique()]
-        repeats = part["repeat"].to_numpy(dtype=np.int64)
-        # only the rows that can be wanted become Python values (a few of thousands, in a big cell)
-        maybe = pc.and_(pc.is_in(ids.column(0), value_set=pa.array(prompts, pa.string())),
-                        pc.is_in(ids.column(1), value_set=pa.array(np.unique(repeats), ids.column(1).type)))
-        rows = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
-        where: dict[tuple[str, int], int] = {}
-        for row, p, r in zip(rows, ids.column(0).take(pa.array(rows)).to_pylist(),
-                             ids.column(1).take(pa.array(rows)).to_pylist()):
-            where.setdefault((p, int(r)), int(row))
-        at = np.array([where.get((str(p), int(r)), -1) for p, r in zip(part["prompt_id"], repeats)], dtype=np.int64)
+        ids = handle.read(columns=["prompt_id", "repeat"]).to_pandas()
+        ids["row"] = np.arange(len(ids), dtype=np.int64)
+        first = ids.drop_duplicates(["prompt_id", "repeat"])  # a run's first row, should it be there twice
+        wanted = pd.DataFrame({"prompt_id": [str(p) for p in part["prompt_id"]],
+                               "repeat": part["repeat"].to_numpy(dtype=np.int64)})
+        first = first.astype({"prompt_id": object, "repeat": np.int64})
+        at = wanted.merge(first, on=["prompt_id", "repeat"], how="left")["row"].fillna(-1).to_numpy(dtype=np.int64)
         found = at >= 0
         if not found.any():
             return part.index[:0], []

@@ -356,7 +356,8 @@
     return box;
   }
   const count = (runs) => runs.reduce((n, r) => n + r.count, 0);
-  const rangeText = (ranges) => ranges.map(([a, b]) => (a === b ? `${a}` : `${a}–${b}`)).join(", ");
+  const rangeText = (run) => run.repeats.map(([a, b]) => (a === b ? `${a}` : `${a}–${b}`)).join(", ") +
+    (run.ranges_left_out ? ` and ${run.ranges_left_out} more ranges (the rows in cells/ hold them all)` : "");
   function runRow(run, isRef) {
     const listed = run.repeats.flatMap(([a, b]) => Array.from({ length: b - a + 1 }, (_, i) => a + i));
     const attrs = { class: isRef ? "run is-ref" : "run", "data-cell": run.cell, "data-prompt": run.prompt, "data-repeat": run.repeat,
@@ -370,7 +371,7 @@
     else if (run.m === true) verdict = el("span", { class: "badge same", text: "identical" });
     else if (run.m === false) verdict = el("span", { class: "badge differs", text: `departs at token ${run.fd}` });
     else verdict = el("span", { class: "badge", text: "no reference run" });
-    const which = run.count > 1 ? ` ${run.count} runs, repeats ${rangeText(run.repeats)}` : ` repeat ${run.repeat}`;
+    const which = run.count > 1 ? ` ${run.count} runs, repeats ${rangeText(run)}` : ` repeat ${run.repeat}`;
     label.append(el("div", {}, verdict, which), el("div", { text: settingLabel(run.s) }));
     if (run.n !== undefined) label.append(el("div", { text: `${run.n} tokens${run.tps ? ` · ${num(run.tps)} tok/s${run.count > 1 ? " (median)" : ""}` : ""}` }));
     if (run.margin) label.append(el("div", { text: `margin at split: run ${num(run.margin[0])}, reference ${num(run.margin[1])}` }));
