@@ -16,6 +16,7 @@ import yaml
 
 from harness.analysis.folder_analysis import TABLES, Analysis
 from harness.analysis.partitioned import PartitionedAnalysis, streamed
+from harness.analysis.splits import folder_splits
 from harness.core.errors import HarnessError
 from harness.experiment.config import load_experiment
 from harness.experiment.matrix import expand
@@ -93,6 +94,7 @@ def _assert_equal(results, budget: int, workers: int, **options) -> None:
         assert not whole.table(name).empty or name in ("probes",), name  # the folder exercises the table
         assert _csv(parts.table(name)) == _csv(whole.table(name)), name
     assert _csv(parts.latency) == _csv(whole.latency)
+    assert not folder_splits(whole).empty and _csv(folder_splits(parts)) == _csv(folder_splits(whole))
     assert parts.notes == whole.notes and len(whole.notes) == 3
 
 
@@ -140,8 +142,8 @@ def test_a_folder_within_one_part_is_read_whole(campaign):
 
 
 def test_summarize_and_check_read_a_folder_above_one_part_part_by_part(campaign, monkeypatch):
-    """The commands as a user runs them: with parts of 30 rows, `summarize --format csv` of every
-    table is the whole-folder CSV, and `check` gives the verdicts a whole-folder read gives."""
+    """The commands as a user runs them: with parts of 30 rows, `summarize --format csv` of these
+    tables is the whole-folder CSV, and `check` gives the verdicts a whole-folder read gives."""
     from harness.analysis import partitions
 
     from .conftest import run_harness
@@ -149,10 +151,10 @@ def test_summarize_and_check_read_a_folder_above_one_part_part_by_part(campaign,
     monkeypatch.setattr(partitions, "PART_ROWS", 30)  # the forked command sees it
     whole = Analysis(open_results(campaign.root))  # batch sizes of one seed: one load's kernels, no mixing
     assert len(partitions.plan(whole.results, whole.reference, 30)) > 2
-    for name in ("cells", "settings", "flips"):
+    for name in ("cells", "settings", "flips", "splits"):
         done = run_harness("summarize", str(campaign.root), "--what", name, "--format", "csv")
         assert done.returncode == 0, done.stderr
-        assert done.stdout == _csv(whole.table(name)), name
+        assert done.stdout == _csv(folder_splits(whole) if name == "splits" else whole.table(name)), name
     rules = campaign.root.parent / "expect.yaml"
     rules.write_text("expect:\n  - {where: {batch_size: 1}, match_rate_min: 0.5}\n"
                      "  - {where: {batch_size: 4}, match_rate_min: 0.99}\n")

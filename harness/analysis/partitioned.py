@@ -79,11 +79,11 @@ class PartitionedAnalysis(Analysis):
         self.parts = parts
         self.workers = workers
 
-    def per_part(self, fn: Callable[[Analysis], T]) -> list[T]:
+    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True) -> list[T]:
         """`fn` (a module-level function: it travels to the workers by name) of each part's Analysis, in
-        part order. The first pass computes the statistics too, from the rows `fn` read: a report
-        reads the folder once."""
-        if "_statistics" in self.__dict__:
+        part order. The first pass `with_statistics` computes them too, from the rows `fn` read: a
+        report reads the folder once."""
+        if "_statistics" in self.__dict__ or not with_statistics:
             return self._map(fn)
         found = self._map(partial(_with_statistics, fn=fn))
         self.__dict__["_statistics"] = _statistics_of([tables for _, tables in found])

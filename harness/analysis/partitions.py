@@ -21,6 +21,11 @@ from harness.results.folder_rows import Results
 #: rows a part holds: a part's statistics take about 1.3 KB a row in pandas, so a worker process
 #: stays near 400-600 MB (docs/measured.md, "Ten million rows on a login node")
 PART_ROWS = 250_000
+#: rows a part holds when the report reads it: its pass computes the statistics and the report's
+#: chart data and run entries together, and pandas's fixed cost per call is paid per part: parts of
+#: 500,000 rows took 12 % less time than twice 250,000 on a 10M-row campaign, at about 1.1 GB per
+#: worker (docs/measured.md, "Ten million rows on a login node")
+REPORT_PART_ROWS = 500_000
 #: axes that pair cells of different settings besides the reference axes (metrics.slowdown)
 PAIRING_AXES = ("batch_invariant",)
 

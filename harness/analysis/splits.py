@@ -103,9 +103,18 @@ def splits(
     return pd.DataFrame(out, columns=columns)
 
 
-def folder_splits(results: Any) -> pd.DataFrame:
-    """Where the outputs of each cell and prompt of a results folder split (`harness summarize --what splits`)."""
-    from harness.analysis import metrics
-
-    rows = results.read_rows(columns=metrics.ROW_COLUMNS, provenance_as_categories=True)
+def part_splits(analysis: Any) -> pd.DataFrame:
+    """The splits of one analysis's rows (a folder, or a part of a campaign)."""
+    rows, results = analysis.rows, analysis.results
     return splits(rows, results.tokens_for, results.texts_for, keys_of(rows))
+
+
+def folder_splits(analysis: Any) -> pd.DataFrame:
+    """Where the outputs of each cell and prompt of a results folder split (`harness summarize --what
+    splits`), part by part where the analysis reads a campaign in parts: a (cell, prompt) lies in one part."""
+    found = analysis.per_part(part_splits, with_statistics=False)
+    trees = [t for t in found if not t.empty]
+    if len(trees) < 2:
+        return trees[0] if trees else found[0]
+    return pd.concat(trees, ignore_index=True).sort_values(["cell_id", "prompt_id"], kind="stable") \
+        .reset_index(drop=True)

@@ -125,10 +125,10 @@ def open_folder(folder: Path, all_cells: bool = False) -> Any:
 
 def open_analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (), all_cells: bool = False,
                   reference_run: str = "first", near_tie: float | None = None,
-                  confident: float | None = None) -> Any:
+                  confident: float | None = None, part_rows: int | None = None) -> Any:
     """The folder read against `--reference` and `--reference-run` under `--allow-mixed`
-    (harness.analysis.folder_analysis), its statistics part by part where it is larger than one part
-    (harness.analysis.partitioned): reading only."""
+    (harness.analysis.folder_analysis), part by part where it is larger than one part of `part_rows`
+    rows (harness.analysis.partitioned; default partitions.PART_ROWS): reading only."""
     from harness.analysis.flips import CONFIDENT
     from harness.analysis.folder_analysis import Analysis
     from harness.analysis.near_ties import NEAR_TIE
@@ -136,7 +136,7 @@ def open_analysis(folder: Path, reference: list[str], allow_mixed: list[str] = (
 
     return streamed(Analysis.parsed(open_folder(folder, all_cells), reference, allow_mixed, reference_run,
                                     NEAR_TIE if near_tie is None else near_tie,
-                                    CONFIDENT if confident is None else confident))
+                                    CONFIDENT if confident is None else confident), budget=part_rows)
 
 
 @contextlib.contextmanager

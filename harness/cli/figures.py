@@ -39,11 +39,13 @@ def report(
     dimmed; filter by engine, batch size, dtype, GPU, batch-invariant mode and prompt. Data and
     script are inside the file: it opens offline, can be mailed or attached to a CI job.
     """
+    from harness.analysis.partitions import REPORT_PART_ROWS
     from harness.report import html
 
     target = out or results / "report.html"
-    payload = html.write(open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident),
-                         target)
+    analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident,
+                             part_rows=REPORT_PART_ROWS)
+    payload = html.write(analysis, target)
     console().print(html.summary_line(payload, target))
 
 

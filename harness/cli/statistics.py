@@ -100,7 +100,7 @@ def summarize(
     allowed("--format", fmt, ("table", "json", "csv"))
     allowed("--what", what, tuple(TABLES) + ("latency", "splits"))
     if what == "splits":
-        _print_splits(results, fmt, all_cells)
+        _print_splits(open_analysis(results, [], all_cells=all_cells), str(results), fmt)
         return
     analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident)
     if save:
@@ -125,11 +125,11 @@ def _print_latency(analysis: Any, fmt: str) -> None:
                                              f"({reference}); docs/rows.md#latency"))
 
 
-def _print_splits(folder: Path, fmt: str, all_cells: bool) -> None:
+def _print_splits(analysis: Any, folder: str, fmt: str) -> None:
     from harness.analysis.splits import folder_splits
     from harness.report.table import split_table
 
-    frame = folder_splits(open_folder(folder, all_cells))
+    frame = folder_splits(analysis)
     if fmt in ("json", "csv"):
         write_frame(frame, fmt)
     elif frame.empty:
