@@ -9,13 +9,15 @@ the joined records on those columns restores the whole-folder order. `flips` lis
 in the folder's row order: cell files in sorted order, rows as stored.
 
 Memory: a worker holds one part at a time (partitions.PART_ROWS rows); the parent holds only the
-tables. Workers are started fresh (spawn), never forked from a parent whose Arrow threads run.
+tables and the per-run chart records a report needs (_start_method says how workers start).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from functools import cached_property, partial
@@ -97,8 +99,7 @@ class PartitionedAnalysis(Analysis):
 
         if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
             return [fn(piece(cells)) for cells in self.parts]
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=_start_method()) as pool:
             return list(pool.map(fn, map(piece, self.parts)))
 
     @cached_property
@@ -126,6 +127,15 @@ class PartitionedAnalysis(Analysis):
     def latency(self) -> pd.DataFrame:
         return _joined([tables["latency"] for tables in self._map(partial(_part_tables, names=("latency",)))],
                        "latency")
+
+
+def _start_method() -> Any:
+    """How workers start: forked (in milliseconds, with the imports done) on Linux where this process
+    runs no other thread, so no lock can be held at the fork (the parent has read no rows yet; Arrow
+    resets its own thread pools in a forked child); started fresh (spawn: a second or two of imports)
+    otherwise, e.g. after `run`, whose progress display has threads."""
+    method = "fork" if sys.platform == "linux" and threading.active_count() == 1 else "spawn"
+    return multiprocessing.get_context(method)
 
 
 def workers_here() -> int:

@@ -90,7 +90,7 @@ class ChartPart:
 def chart_part(analysis: Analysis) -> ChartPart:
     """The per-run chart data of one analysis (a folder, or one part of a campaign): its report
     rows paired with the reference. Margins are read for the departing runs and their references only."""
-    from harness.analysis.splits import splits
+    from harness.analysis.splits import part_splits
 
     rows, annotated, r = analysis.report_rows, analysis.paired, analysis.results
     keys = keys_of(rows)
@@ -117,15 +117,16 @@ def chart_part(analysis: Analysis) -> ChartPart:
         identical=identical,
         divergence=split[["cell_id", "first_divergence"]].astype({"first_divergence": int}).reset_index(drop=True),
         margins=margins,
-        splits=splits(rows, r.tokens_for, r.texts_for, keys),
+        splits=part_splits(analysis),  # its rows are the report rows, read above
     )
 
 
 def _in_row_order(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Per-run records of the parts in the folder's row order: cell files sorted by id, rows as stored."""
-    present = [f for f in frames if not f.empty] or frames[:1]
-    joined = pd.concat(present, ignore_index=True) if len(present) > 1 else present[0].reset_index(drop=True)
-    return joined.sort_values("cell_id", kind="stable").reset_index(drop=True) if len(present) > 1 else joined
+    present = [f for f in frames if not f.empty]
+    if len(present) < 2:
+        return (present or frames)[0].reset_index(drop=True)
+    return pd.concat(present, ignore_index=True).sort_values("cell_id", kind="stable").reset_index(drop=True)
 
 
 def joined(parts: list[ChartPart], analysis: Analysis) -> Charts:
