@@ -236,9 +236,8 @@ class StoreReading:
 
     def _values_in_cell(self, column: str, cell_id: str, part: "pd.DataFrame") -> tuple[Any, list[Any]]:
         """(the index of `part`'s runs found in the cell's file, their `column` values): the wanted runs
-        are found among the file's (prompt, repeat) pairs by one merge, not a Python loop over its rows."""
+        are found among the file's (prompt, repeat) pairs in arrays, not by a Python loop over its rows."""
         import numpy as np
-        import pandas as pd
 
         path = self.cell_path(cell_id)
         if not path.is_file():
@@ -246,13 +245,20 @@ class StoreReading:
         handle = readable(path)
         if column not in handle.schema_arrow.names:
             return part.index[:0], []
-        ids = handle.read(columns=["prompt_id", "repeat"]).to_pandas()
-        ids["row"] = np.arange(len(ids), dtype=np.int64)
-        first = ids.drop_duplicates(["prompt_id", "repeat"])  # a run's first row, should it be there twice
-        wanted = pd.DataFrame({"prompt_id": [str(p) for p in part["prompt_id"]],
-                               "repeat": part["repeat"].to_numpy(dtype=np.int64)})
-        first = first.astype({"prompt_id": object, "repeat": np.int64})
-        at = wanted.merge(first, on=["prompt_id", "repeat"], how="left")["row"].fillna(-1).to_numpy(dtype=np.int64)
+        ids = handle.read(columns=["prompt_id", "repeat"])
+        if ids.num_rows == 0:
+            return part.index[:0], []
+        prompts = sorted({str(p) for p in part["prompt_id"].astype(object).unique()})
+        number = {p: i for i, p in enumerate(prompts)}
+        code = pc.fill_null(pc.index_in(ids.column(0), value_set=pa.array(prompts, pa.string())), -1).to_numpy()
+        repeat = pc.fill_null(ids.column(1), -1).to_numpy().astype(np.int64)
+        wanted_repeat = part["repeat"].to_numpy(dtype=np.int64)
+        width = int(max(repeat.max(initial=0), wanted_repeat.max(initial=0))) + 1
+        # each (prompt, repeat) as one integer: the file's first row of each, found by binary search
+        keys, first = np.unique(np.where((code >= 0) & (repeat >= 0), code * width + repeat, -1), return_index=True)
+        wanted = np.array([number[str(p)] for p in part["prompt_id"]], dtype=np.int64) * width + wanted_repeat
+        pos = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+        at = np.where(keys[pos] == wanted, first[pos], -1)
         found = at >= 0
         if not found.any():
             return part.index[:0], []
