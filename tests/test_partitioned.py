@@ -107,7 +107,7 @@ def test_parts_in_worker_processes_equal_the_whole_folder(campaign):
     _assert_equal(open_results(campaign.root), budget=30, workers=2)
 
 
-@pytest.mark.parametrize("options", [{"reference": {"seed": 0}}, {"reference_run": "modal"},
+@pytest.mark.parametrize("options", [{"reference": {"seed": 0}, "reference_run": "modal"},
                                      {"reference": {"batch_size": 2}, "near_tie": 0.02, "confident": 1.0}])
 def test_parts_equal_the_whole_folder_under_other_references(campaign, options):
     _assert_equal(open_results(campaign.root), budget=1, workers=1, **options)
