@@ -76,8 +76,17 @@ def _stand_ins(ok: pd.DataFrame, rule: str) -> tuple[np.ndarray, np.ndarray, np.
     return stands, share, np.asarray(best["tie"].to_numpy()[where], dtype=bool)
 
 
+def refuse_twins(rows: pd.DataFrame) -> None:
+    """Two cells claiming one setting and prompt among the ok `rows`: name both, never pick one silently.
+    Every statistic that relates runs by their settings (a reference, a batch-invariant pair, a
+    setting's percentiles) would count both, so every table refuses them alike, whole or part by part."""
+    keys = keys_of(rows)
+    ok = rows if (rows["status"] == "ok").all() else rows[(rows["status"] == "ok").to_numpy()]
+    _refuse_twins(ok.drop_duplicates(["cell_id", "prompt_id"])[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
+
+
 def _refuse_twins(first: pd.DataFrame, keys: list[str]) -> None:
-    """Two cells claiming one setting and prompt: name both, never pick one silently."""
+    """Two cells claiming one setting and prompt in one record per cell and prompt: refuse_twins."""
     twins = first[first.duplicated(keys, keep=False)]
     if not twins.empty:
         head = twins.sort_values(keys, kind="stable").head(2)  # one setting and prompt, two cells

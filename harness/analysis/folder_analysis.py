@@ -148,7 +148,7 @@ class Analysis:
     def slowdown(self) -> pd.DataFrame:
         """The batch-invariant mode's cost over paired runs, with serving latency on each side (its
         inter-token gaps, a list per run, read only for folders that have runs with the mode on)."""
-        rows = self.rows
+        rows = self._one_cell_per_setting(self.rows)
         if "batch_invariant" in rows and rows["batch_invariant"].astype(bool).any():
             rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"], provenance_as_categories=True)
         return metrics.slowdown(rows, self.allow_mixed)
@@ -157,17 +157,26 @@ class Analysis:
     def latency(self) -> pd.DataFrame:
         """Per setting: TTFT, ITL, TPOT and E2EL at p50/p90/p99 and their ratios against the reference
         setting (harness.analysis.latency); reads the runs' inter-token gaps."""
-        rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"], provenance_as_categories=True)
+        rows = self._one_cell_per_setting(self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"],
+                                                                 provenance_as_categories=True))
         return latency.by_setting(rows, columns.keys_of(rows), self.reference)
 
     @cached_property
     def probes(self) -> pd.DataFrame:
-        return metrics.probe_summary(self.rows)
+        return metrics.probe_summary(self._one_cell_per_setting(self.rows))
 
     @cached_property
     def answers(self) -> pd.DataFrame:
-        return answer_metrics.answer_summary(self.rows, self.results.answer_prompts(), self.reference,
-                                             reference_run=self.reference_run)
+        return answer_metrics.answer_summary(self._one_cell_per_setting(self.rows), self.results.answer_prompts(),
+                                             self.reference, reference_run=self.reference_run)
+
+    def _one_cell_per_setting(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """`rows`, once no two cells claim one setting and prompt in them (divergence.refuse_twins):
+        the tables that read rows without a reference refuse twins as the compared ones do."""
+        if not self.__dict__.get("_twins_checked"):
+            divergence.refuse_twins(rows)
+            self.__dict__["_twins_checked"] = True
+        return rows
 
     @cached_property
     def paired(self) -> pd.DataFrame:

@@ -18,13 +18,15 @@ import multiprocessing
 import os
 import sys
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from harness.analysis import partitions
 from harness.analysis.folder_analysis import Analysis, notes_of
+from harness.core.errors import HarnessError
 from harness.results.columns import keys_of
 
 if TYPE_CHECKING:
@@ -99,8 +101,28 @@ class PartitionedAnalysis(Analysis):
 
         if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
             return [fn(piece(cells)) for cells in self.parts]
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=_start_method()) as pool:
-            return list(pool.map(fn, map(piece, self.parts)))
+        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_start_method())
+        futures = {pool.submit(fn, piece(cells)): i for i, cells in enumerate(self.parts)}
+        found: dict[int, T] = {}
+        try:
+            for future in as_completed(futures):
+                found[futures[future]] = future.result()
+        except BrokenProcessPool as broken:
+            _stop(pool)
+            raise HarnessError(self._died(broken)) from None
+        except BaseException:
+            _stop(pool)  # a part's error ends the command now, not after every other part
+            raise
+        pool.shutdown()
+        return [found[i] for i in range(len(self.parts))]
+
+    def _died(self, broken: BaseException) -> str:
+        """What to say when a worker process died under a part (the kernel's out-of-memory killer, most often)."""
+        largest = max(len(cells) for cells in self.parts)
+        return (f"{self.results.root}: a worker process reading this folder part by part died ({broken}); "
+                f"{self.workers} workers read {len(self.parts)} parts of up to {largest} cells each. A worker "
+                "ended by the system is most often out of memory: free memory, or read on a machine with more "
+                "(each worker holds one part of about partitions.PART_ROWS rows)")
 
     @cached_property
     def _statistics(self) -> dict[str, Any]:
@@ -127,6 +149,16 @@ class PartitionedAnalysis(Analysis):
     def latency(self) -> pd.DataFrame:
         return _joined([tables["latency"] for tables in self._map(partial(_part_tables, names=("latency",)))],
                        "latency")
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End a pool now: parts not started are cancelled and running workers terminated (the executor
+    itself would wait for them)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # the executor's own map of its workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
 
 
 def _start_method() -> Any:

@@ -6,13 +6,14 @@ settings but the `--reference` axes) or of its batch-invariant twin (`slowdown`)
 settings are equal but for the reference axes and batch_invariant form a closed unit: its
 statistics are the same whether it is read alone or with the rest of the folder. Units are
 packed into parts of about `budget` rows (a unit larger than that stays whole). A cell's axes
-and rows come from the experiment that made it, so planning opens no file (but for stale cells
-read with --all-cells). Engine options and max_tokens are left out of a unit's key: a unit may
-be larger than it needs to be, never smaller.
+and rows come from its own file (its first row and footer), current and stale cells alike, by
+one definition (`unit_key`). Engine options and max_tokens are left out of a unit's key: a unit
+may be larger than it needs to be, never smaller.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from harness.experiment.axes import AXES
@@ -30,49 +31,62 @@ REPORT_PART_ROWS = 500_000
 PAIRING_AXES = ("batch_invariant",)
 
 
-def _unit_key(cell_id: str, setting: dict[str, Any] | None, reference: dict[str, Any]) -> tuple:
-    """The closed unit a cell belongs to: its axes but the reference and pairing axes (left out
-    rather than set to the reference's values, which would have to be compared as the rows' types
-    compare); a cell of unknown settings is a unit of its own."""
-    if setting is None:
-        return ("alone", cell_id)
-    return tuple((k, repr(v)) for k, v in setting.items() if k not in PAIRING_AXES and k not in reference)
+def _canonical(value: Any) -> Any:
+    """One spelling of an axis value, however it was read: numbers as floats (an experiment's 0 and a
+    row's 0.0 are one temperature), missing values (None, NaN) as None, anything else as text. Two
+    values the statistics' joins take as equal always get one spelling: a key may be coarser than the
+    joins, never finer."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    return str(value)
 
 
-def _cells(results: Results) -> dict[str, tuple[dict[str, Any] | None, int]]:
-    """Per cell read, in file order: (its axes, its rows). The current experiments' cells are known
-    without opening a file (their axes, and prompts x repeats rows); a stale cell read with
-    --all-cells tells its axes in its first row and its rows in its footer."""
-    from harness.experiment.matrix import expand
+def unit_key(setting: dict[str, Any], reference: dict[str, Any]) -> tuple:
+    """The closed unit of a cell whose first row holds `setting`: its fixed axes but the reference
+    and pairing axes (left out by name, so no value of the reference is compared here), each value
+    canonical. Swept engine options and max_tokens are left out too: cells the statistics relate
+    are equal in every key the joins use, so they are equal in these."""
+    return tuple((axis, _canonical(setting.get(axis))) for axis in AXES
+                 if axis not in PAIRING_AXES and axis not in reference)
 
-    known = {c.id: (c.as_dict, e.experiment.repeats * len(e.prompt_set.prompts))
-             for e in results.experiments for c in expand(e)}
-    stale = [c for c in results.cell_ids if c not in known]
-    if stale:
-        heads = results.folder.store.cell_heads(list(AXES), stale)
-        for head in heads.to_dict("records"):
-            rows = int(head.pop("rows"))
-            known[head.pop("cell_id")] = (head if rows else None, rows)
-    return {c: known.get(c, (None, 0)) for c in results.cell_ids}
+
+def cell_sizes(results: Results) -> list[tuple[str, dict[str, Any] | None, int]]:
+    """Per cell read, in file order: (cell id, the axes of its first row or None for a file without
+    rows, its rows). Read from the files themselves (a few hundred bytes each: their footers and
+    first rows), for current and stale cells alike, so the rows that the statistics join are the
+    ones that place a cell: one definition whatever the experiment now says."""
+    heads = results.folder.store.cell_heads(list(AXES), results.cell_ids)
+    return [(record.pop("cell_id"), record if (rows := int(record.pop("rows"))) else None, rows)
+            for record in heads.to_dict("records")]
 
 
 def plan(results: Results, reference: dict[str, Any], budget: int = PART_ROWS) -> list[list[str]]:
     """The cells of `results` in parts of closed units, each part's cells in file order; one part
-    when everything fits `budget` rows."""
-    cells = _cells(results)
-    if sum(rows for _, rows in cells.values()) <= budget:
+    when everything fits `budget` rows. A file without rows is related to nothing: it joins the
+    first part."""
+    cells = cell_sizes(results)
+    if sum(rows for _, _, rows in cells) <= budget:
         return [list(results.cell_ids)]
     units: dict[tuple, list[str]] = {}
-    for cell_id, (setting, _) in cells.items():
-        units.setdefault(_unit_key(cell_id, setting, reference), []).append(cell_id)
-    parts: list[list[str]] = []
-    filled = budget
+    empty: list[str] = []
+    sizes = {cell_id: rows for cell_id, _, rows in cells}
+    for cell_id, setting, _ in cells:
+        if setting is None:
+            empty.append(cell_id)
+        else:
+            units.setdefault(unit_key(setting, reference), []).append(cell_id)
+    parts: list[list[str]] = [list(empty)]
+    filled = 0
     for members in units.values():
-        size = sum(cells[c][1] for c in members)
-        if filled + size > budget:
+        size = sum(sizes[c] for c in members)
+        if filled and filled + size > budget:
             parts.append([])
             filled = 0
         parts[-1].extend(members)
         filled += size
     order = {c: i for i, c in enumerate(results.cell_ids)}
-    return [sorted(part, key=order.__getitem__) for part in parts]
+    return [sorted(part, key=order.__getitem__) for part in parts if part]

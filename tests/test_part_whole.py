@@ -1,0 +1,172 @@
+"""Differential: a folder read part by part gives exactly what one whole read gives, refusals
+included, whatever the folder's shape. Folders are generated (hypothesis) with swept engine options,
+an edited experiment's stale cells read with --all-cells, twin cells, cell files without rows, several
+prompts and repeats, batch-invariant pairs and references that land in other parts; parts are made
+tiny so every unit stands apart. The cases issue 54 found are examples of their own."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.analysis.folder_analysis import TABLES, Analysis
+from harness.analysis.partitioned import PartitionedAnalysis, streamed
+from harness.analysis.splits import folder_splits
+from harness.core.errors import HarnessError
+from harness.experiment.config import load_experiment
+from harness.experiment.matrix import expand
+from harness.results.folder import ResultsFolder
+from harness.results.folder_rows import open_results
+from harness.results.rows import logprobs_hash
+
+from .conftest import row_for
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a generated folder holds."""
+
+    prompts: int
+    repeats: int
+    batch_sizes: tuple[int, ...]
+    seeds: tuple[int, ...]
+    option: bool  # the experiment sweeps llamacpp.flash_attn
+    invariant: bool  # batch_invariant off and on
+    edited: tuple[int, ...] | None  # batch sizes of a second version of the experiment (the first's cells stale)
+    edited_repeats: int  # repeats of the second version (other repeats: same settings, new cell ids: twins)
+    empty: bool  # one more stale cell file, without rows
+    departs: float  # the chance that a run departs
+    seed: int
+
+
+def _spec(shape: Shape, batch_sizes: tuple[int, ...], repeats: int) -> dict:
+    matrix: dict = {"model": ["m"], "batch_size": list(batch_sizes), "seed": list(shape.seeds)}
+    if shape.option:
+        matrix["llamacpp.flash_attn"] = ["on"]
+    if shape.invariant:
+        matrix["batch_invariant"] = [False, True]
+    return {"name": "shape", "prompts": [{"id": f"p{i}", "text": f"prompt {i}"} for i in range(shape.prompts)],
+            "fillers": ["other"], "repeats": repeats, "max_tokens": 8, "matrix": matrix}
+
+
+def _rows(cell, shape: Shape, repeats: int, rng: np.random.Generator) -> list[dict]:
+    rows = []
+    for i in range(shape.prompts):
+        base = [50 + 10 * i + j for j in range(8)]
+        for repeat in range(repeats):
+            tokens = list(base)
+            if rng.random() < shape.departs:
+                at = int(rng.integers(0, 8))
+                tokens[at:] = [int(t) for t in rng.integers(900, 903, size=8 - at)]
+            if rng.random() < 0.1:
+                rows.append(row_for(cell, f"p{i}", repeat, status="failed", error="seeded failure"))
+                continue
+            lp = [-0.5 * j - (0.001 if rng.random() < 0.3 else 0.0) for j in range(len(tokens))]
+            rows.append(row_for(
+                cell, f"p{i}", repeat, tokens, schema_version=3, logprobs=lp, logprobs_hash=logprobs_hash(lp),
+                margins=[float(m) for m in rng.choice([0.02, 0.3, 2.0], size=len(tokens))],
+                load_id=f"{cell.id}-0", target_tokens_per_s=float(rng.uniform(10, 50)),
+                batch_tokens_per_s=float(rng.uniform(20, 90)), ttft_s=float(rng.uniform(0.01, 0.2)),
+                itl_s=[float(x) for x in rng.uniform(0.01, 0.05, size=len(tokens) - 1)]))
+    return rows
+
+
+def _version(root, shape: Shape, batch_sizes, repeats, rng) -> list[str]:
+    path = root.parent / f"{root.name}.yaml"
+    path.write_text(yaml.safe_dump(_spec(shape, batch_sizes, repeats)))
+    loaded = load_experiment(path)
+    folder = ResultsFolder(root)
+    folder.adopt(loaded)
+    written = []
+    for cell in expand(loaded):
+        folder.write_cell(cell.id, _rows(cell, shape, repeats, rng), "t")
+        written.append(cell.id)
+    return written
+
+
+def build(root, shape: Shape):
+    """The folder of `shape`, and whether it is read with --all-cells."""
+    rng = np.random.default_rng(shape.seed)
+    first = _version(root, shape, shape.batch_sizes, shape.repeats, rng)
+    if shape.edited is None:
+        return open_results(root)
+    _version(root, shape, shape.edited, shape.edited_repeats, rng)
+    if shape.empty:  # a stale cell with a file but no rows, sorted before every other
+        ResultsFolder(root).store.write_cell("0" * 12, [], None)
+    return open_results(root, all_cells=True) if first else open_results(root)
+
+
+def _csv(frame) -> str:
+    out = io.StringIO()
+    frame.to_csv(out, index=False)
+    return out.getvalue()
+
+
+def _outcome(read) -> str:
+    """A table's CSV, or the refusal it ended in (its kind: which twin pair a read names first may differ)."""
+    try:
+        return _csv(read())
+    except HarnessError as error:
+        return "refused: both claim prompt" if "both claim prompt" in str(error) else f"refused: {error}"
+
+
+def assert_parts_equal_whole(results, budget: int, reference: dict | None = None) -> PartitionedAnalysis | None:
+    options = {"reference": reference, "allow_mixed": frozenset()}
+    whole = Analysis(results, **options)
+    parts = streamed(Analysis(results, **options), budget=budget, workers=1)
+    for name in TABLES:
+        assert _outcome(lambda n=name: parts.table(n)) == _outcome(lambda n=name: whole.table(n)), name
+    assert _outcome(lambda: parts.latency) == _outcome(lambda: whole.latency)
+    assert _outcome(lambda: folder_splits(parts)) == _outcome(lambda: folder_splits(whole))
+    if not _outcome(lambda: whole.summary).startswith("refused"):
+        from harness.report import html
+
+        payloads = [html.build(parts), html.build(whole)]
+        for payload in payloads:
+            payload["meta"].pop("generated_at")
+        assert json.dumps(payloads[0], sort_keys=True, default=str) == json.dumps(payloads[1], sort_keys=True,
+                                                                                  default=str)
+    return parts if isinstance(parts, PartitionedAnalysis) else None
+
+
+#: the cases issue 54 found on 0af8f6c, each a shape of its own
+FOUND = {
+    # a swept option, then the experiment edited from batch 1, 2 to 2, 4 and read with --all-cells:
+    # the stale reference cell was planned into another part than the cells it is the reference of
+    "swept option, stale reference": Shape(2, 2, (1, 2), (0, 1), True, False, (2, 4), 2, False, 0.4, 1),
+    # the same settings again under other repeats (new cell ids): twins the whole read refuses
+    "swept option, twins": Shape(2, 2, (1, 2), (0, 1), True, False, (1, 2), 3, False, 0.4, 2),
+    # a stale cell file without rows sorted first (an IndexError in the planner)
+    "empty stale file first": Shape(2, 2, (1, 2), (0, 1), False, False, (2, 4), 2, True, 0.4, 3),
+}
+
+
+@pytest.mark.parametrize("case", list(FOUND))
+def test_the_cases_issue_54_found_read_alike_part_by_part(tmp_path, case):
+    parts = assert_parts_equal_whole(build(tmp_path / "results", FOUND[case]), budget=1)
+    assert parts is not None and len(parts.parts) > 1
+
+
+shapes = st.builds(
+    Shape,
+    prompts=st.integers(1, 3), repeats=st.integers(1, 3),
+    batch_sizes=st.sampled_from([(1,), (1, 2), (2, 4), (1, 2, 4)]), seeds=st.sampled_from([(0,), (0, 1)]),
+    option=st.booleans(), invariant=st.booleans(),
+    edited=st.sampled_from([None, (1,), (2, 4), (1, 2)]), edited_repeats=st.integers(1, 3), empty=st.booleans(),
+    departs=st.sampled_from([0.0, 0.3, 0.8]), seed=st.integers(0, 1000),
+)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=shapes, budget=st.integers(1, 40), by_seed=st.booleans())
+def test_generated_folders_read_alike_part_by_part(tmp_path_factory, shape, budget, by_seed):
+    results = build(tmp_path_factory.mktemp("shape") / "results", shape)
+    reference = {"seed": 0} if by_seed and len(shape.seeds) > 1 else None
+    assert_parts_equal_whole(results, budget, reference)
