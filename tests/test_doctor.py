@@ -130,3 +130,16 @@ def test_real_vllm_probe_says_batch_invariant_mode_cannot_run_on_this_cpu(tmp_pa
 def test_a_probe_that_answers_badly_is_a_finding_not_a_traceback(printed, says):
     answer = probe_in_child(printed, timeout_s=30)
     assert answer == ({"version": "1"} if says is None else {"error": says}), answer
+
+
+def test_a_rehearsal_that_fails_says_no_credential_of_its_options(tmp_path):
+    """The rehearsal's error may quote an option (a missing file named by a token, here): the finding
+    says it redacted, as every stored and printed text does."""
+    from harness.engines.base import LoadSpec
+    from harness.run.rehearsal import rehearse
+
+    secret = "hf_" + "Z" * 30
+    spec = LoadSpec(engine="llamacpp", model=str(tmp_path / f"{secret}.gguf"), dtype="auto", gpu="cpu",
+                    batch_invariant=False, options={})
+    finding = rehearse(spec, tmp_path, {}, timeout_s=120)
+    assert finding.ok is False and secret not in finding.detail and "<redacted>" in finding.detail, finding.detail

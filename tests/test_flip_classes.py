@@ -187,3 +187,22 @@ def test_sampled_and_unrecorded_departures_are_not_given_a_margin_class():
     assert list(got) == ["sampled", "unclassified", "exact_tie"]
     with pytest.raises(ValueError, match="at most the confident margin"):
         flips.classify(np.array([1.0]), np.array([False]), eps=3.0, confident=2.0)
+
+
+def test_within_noise_takes_prompts_as_the_unit():
+    """Issue 54: 150 of 1000 runs against a floor of 99 of 990 is within 10 points with every run an
+    independent trial, yet most of those departures are one prompt's: a new prompt may well depart in
+    most of its runs. By prompt (paired with the floor's repeats of the same prompt) it is not shown."""
+    assert guarantees.noise_class(150, 1000, 99, 990)[0] == "within_noise"  # one prompt: runs as the unit
+    setting, floor = [75] + [8] * 6 + [9] * 3, [10] * 9 + [9]
+    found, evidence, bound = guarantees.noise_class(setting, [100] * 10, floor, [99] * 10)
+    assert found == "undecided" and bound > 0.15 and "prompts as the unit" in evidence
+    spread = guarantees.noise_class([15] * 10, [100] * 10, floor, [99] * 10)  # the same totals, spread evenly
+    assert spread[0] == "within_noise" and spread[2] == pytest.approx(guarantees.excess_bound(150, 1000, 99, 990))
+    # a gate rule's own margin judges again from the figures the settings table keeps
+    upper, p, se = guarantees.noise_test(setting, [100] * 10, floor, [99] * 10)
+    record = {"guarantee": found, "guarantee_evidence": evidence, "diverged": 150, "compared": 1000, "prompts": 10,
+              "floor_diverged": 99, "floor_compared": 990, "noise_excess_upper95": upper, "noise_excess_p": p,
+              "noise_excess_se": se}
+    assert guarantees.holds_with_margin(record, "within_noise", 0.25)[0]
+    assert not guarantees.holds_with_margin(record, "within_noise", 0.10)[0]

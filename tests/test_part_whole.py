@@ -170,3 +170,39 @@ def test_generated_folders_read_alike_part_by_part(tmp_path_factory, shape, budg
     results = build(tmp_path_factory.mktemp("shape") / "results", shape)
     reference = {"seed": 0} if by_seed and len(shape.seeds) > 1 else None
     assert_parts_equal_whole(results, budget, reference)
+
+
+def _dies_in_its_second_part(analysis) -> int:
+    """Run in a worker: the part holding the folder's last cell is killed as the kernel kills a process
+    out of memory; the others wait long enough that waiting for them would show."""
+    import os
+    import signal
+    import time
+
+    if analysis.results.cell_ids[-1] == analysis.results.folder.store.cell_files()[-1].stem:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+    return 0
+
+
+def _fails_in_its_second_part(analysis) -> int:
+    import time
+
+    if analysis.results.cell_ids[-1] == analysis.results.folder.store.cell_files()[-1].stem:
+        raise ValueError("a part's own error")
+    time.sleep(60)
+    return 0
+
+
+@pytest.mark.parametrize("fn, said", [(_dies_in_its_second_part, "a worker process reading this folder part by part died"),
+                                      (_fails_in_its_second_part, "a part's own error")])
+def test_a_dead_worker_or_a_failing_part_ends_the_read_at_once(tmp_path, fn, said):
+    import time
+
+    results = build(tmp_path / "results", Shape(1, 1, (1, 2), (0, 1), False, False, None, 1, False, 0.0, 0))
+    parts = streamed(Analysis(results), budget=1, workers=2)
+    assert isinstance(parts, PartitionedAnalysis) and len(parts.parts) == 2
+    began = time.monotonic()
+    with pytest.raises((HarnessError, ValueError), match=said):
+        parts.per_part(fn, with_statistics=False)
+    assert time.monotonic() - began < 30  # the other part sleeps 60 s: it was not waited for

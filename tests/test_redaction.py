@@ -107,3 +107,32 @@ cluster: {{setup: ['export HF_TOKEN=hf_S3CRET3']}}
     assert "S3CRET1" not in " ".join(rows["openai.base_url"])
     chosen = _where(rows, live.experiment.expect[0].where)
     assert len(chosen) == 1 and chosen["openai.base_url"].iloc[0] == f"http://{REDACTED}@127.0.0.1:1/v1"
+
+
+def test_free_text_keeps_no_credential_and_model_input_holding_one_is_refused(write, tmp_path):
+    """A description or a rule's name is free text: a token or URL password anywhere in it is stored and
+    printed redacted. The name and the context cannot be (a folder's name, the model's input): refused."""
+    import pytest
+
+    from harness.core.errors import ConfigError
+
+    write("prompts.yaml", PROMPTS)
+    token, password = "hf_" + "Q" * 30, "PW5ecret"
+    text = f"""
+name: s
+description: 'login with https://bob:{password}@hub.example/x then export HF_TOKEN={token}'
+prompts: prompts.yaml
+matrix: {{model: [smollm2-135m], engine: [llamacpp]}}
+expect: [{{name: 'ok with sk-{"k" * 24}', status: ok}}]
+"""
+    live = load_experiment(write("exp.yaml", text))
+    folder = ResultsFolder(tmp_path / "out")
+    folder.adopt(live)
+    for stored in (folder.manifest_path.read_text(), (tmp_path / "out" / "experiment.yaml").read_text(),
+                   live.experiment.description, live.experiment.expect[0].name):
+        assert token not in stored and password not in stored and "sk-kkkk" not in stored
+    assert REDACTED in live.experiment.description and "hub.example/x" in live.experiment.description
+    context = text.replace("prompts: prompts.yaml", f"prompts: prompts.yaml\ncontext: {{text: 'use {token} here'}}")
+    with pytest.raises(ConfigError, match=r"exp2.yaml:\d+: context.text: holds what looks like a credential") as err:
+        load_experiment(write("exp2.yaml", context))
+    assert token not in str(err.value)

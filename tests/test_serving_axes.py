@@ -102,14 +102,17 @@ def test_llama_server_fails_requests_a_full_cache_cannot_hold(tmp_path):
     """The premise of llama-server's refusal of kv_cache_tokens: a unified KV cache too small for the
     slots' requests fails some of them (it does not preempt and recompute them)."""
     from harness.engines.llama_server import find_binary
+    from harness.engines.parts.llama_server_binary import kernel_choice, kernel_flags
     from harness.engines.parts.server_process import ManagedServer, free_port, post_concurrently
     from harness.models import catalog as models
 
     port = free_port()
     model = models.resolve_gguf("smollm2-135m", None)
     url = f"http://127.0.0.1:{port}"
-    args = [find_binary(None), "-m", str(model), "--port", str(port), "--parallel", "4", "-c", "256", "--kv-unified",
-            "-t", "2", "--no-webui"]
+    binary = find_binary(None)
+    # started by hand, with the kernel path the engine would choose here (AMX kernels crash on some CPUs)
+    args = [binary, "-m", str(model), "--port", str(port), "--parallel", "4", "-c", "256", "--kv-unified",
+            "-t", "2", "--no-webui", *kernel_flags(kernel_choice(binary, model, threads=2))]
     server = ManagedServer(args, f"{url}/health", tmp_path / "server.log", 120)
     try:
         bodies = [{"prompt": "Write a long story about a fox and a crow. " * 3, "n_predict": 120, "ignore_eos": True,

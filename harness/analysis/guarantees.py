@@ -42,7 +42,11 @@ ALPHA = 0.05
 NOISE_MARGIN = 0.10
 #: the one-sided 95% normal quantile
 Z = 1.6448536269514722
-COLUMNS = ["guarantee", "guarantee_evidence", "guarantee_bound", "floor_compared", "floor_diverged"]
+#: the noise test's figures, kept so that a gate rule's own margin judges again without the rows:
+#: the upper bound on the excess over the floor, the one-sided p that it is above 0, and the excess's
+#: standard error (for the power)
+NOISE_COLUMNS = ["noise_excess_upper95", "noise_excess_p", "noise_excess_se"]
+COLUMNS = ["guarantee", "guarantee_evidence", "guarantee_bound", "floor_compared", "floor_diverged", *NOISE_COLUMNS]
 
 
 def _wilson(d: int, n: int) -> tuple[float, float]:
@@ -61,34 +65,89 @@ def excess_bound(d1: int, n1: int, d0: int, n0: int) -> float:
     return p1 - p0 + sqrt((high1 - p1) ** 2 + (p0 - low0) ** 2)
 
 
-def equivalence_power(n1: int, d0: int, n0: int, margin: float) -> float:
-    """The chance that the bound falls within `margin` when both rates are truly the floor's (normal
-    approximation with the floor's rate, kept off 0 by half a run)."""
+def equivalence_power(se: float, margin: float) -> float:
+    """The chance that the bound falls within `margin` when both rates are truly the floor's, for an
+    excess whose standard error is `se` (normal approximation)."""
+    return float(0.5 * (1 + erf((margin / se - Z) / sqrt(2)))) if se > 0 else 1.0
+
+
+def _pooled_se(n1: int, d0: int, n0: int) -> float:
+    """The standard error of the excess at equal rates, runs as the unit (the floor's rate kept off 0 by half a run)."""
     p = min(max(d0, 0.5) / n0, 1 - 0.5 / n0)
-    se = sqrt(p * (1 - p) * (1 / n1 + 1 / n0))
-    return float(0.5 * (1 + erf((margin / se - Z) / sqrt(2))))
+    return sqrt(p * (1 - p) * (1 / n1 + 1 / n0))
 
 
-def noise_class(d: int, n: int, fd: int, fc: int, margin: float = NOISE_MARGIN) -> tuple[str, str, float]:
-    """(class, evidence, bound) of a setting whose runs depart d of n, against a floor of fd of fc:
-    within_noise, undecided or diverges (see the module's doc)."""
-    if fc == 0:
-        return "diverges", f"{d}/{n} runs depart (the reference has no repeats to compare)", float("nan")
+def excess_by_prompt(d1, n1, d0, n0, seed: int = 0) -> tuple[float, float, float]:
+    """A paired cluster bootstrap of rate1 - rate0 over prompts (arrays hold one entry per prompt, the
+    setting's runs and the floor's of the same prompt): its 95th percentile, the share of draws at
+    or below 0 (a one-sided p that the excess is above 0) and its standard deviation."""
+    from harness.analysis.bounds import CLUSTER_DRAWS
+
+    d1, n1, d0, n0 = (np.asarray(a, dtype=float) for a in (d1, n1, d0, n0))
+    pick = np.random.default_rng(seed).integers(0, len(n1), size=(CLUSTER_DRAWS, len(n1)))
+    runs1, runs0 = n1[pick].sum(axis=1), n0[pick].sum(axis=1)
+    kept = (runs1 > 0) & (runs0 > 0)  # a draw with no floor runs says nothing of the excess
+    excess = d1[pick].sum(axis=1)[kept] / runs1[kept] - d0[pick].sum(axis=1)[kept] / runs0[kept]
+    if not len(excess):
+        return float("inf"), 1.0, float("inf")
+    return float(np.percentile(excess, 95)), float(np.mean(excess <= 0)), float(np.std(excess))
+
+
+def noise_test(d1, n1, d0, n0) -> tuple[float, float, float]:
+    """(upper bound on the excess, one-sided p that it is above 0, its standard error) of a setting
+    departing d1 of n1 against a floor of d0 of n0, per prompt (scalars: one prompt). Over two or
+    more prompts, each figure is the more cautious of prompts and runs as the unit."""
+    d1, n1, d0, n0 = (np.atleast_1d(np.asarray(a, dtype=int)) for a in (d1, n1, d0, n0))
+    keep = n1 > 0
+    d1, n1, d0, n0 = d1[keep], n1[keep], d0[keep], n0[keep]
+    totals = int(d1.sum()), int(n1.sum()), int(d0.sum()), int(n0.sum())
+    upper, p, se = excess_bound(*totals), fisher_greater(*totals), _pooled_se(totals[1], totals[2], totals[3])
+    if len(n1) >= 2:
+        cluster_upper, cluster_p, cluster_se = excess_by_prompt(d1, n1, d0, n0)
+        upper, p, se = max(upper, cluster_upper), max(p, cluster_p), max(se, cluster_se)
+    return upper, p, se
+
+
+def noise_verdict(d: int, n: int, fd: int, fc: int, prompts: int, upper: float, p: float, se: float,
+                  margin: float = NOISE_MARGIN) -> tuple[str, str, float]:
+    """(class, evidence, bound) from a noise test's figures (noise_test): within_noise, undecided or
+    diverges (see the module's doc); the bound is the excess's upper bound, or the p of a divergence."""
+    unit = "prompts as the unit" if prompts >= 2 else "runs as the unit: one prompt"
+    test = "Fisher p" if prompts < 2 else "p (the larger of Fisher's over runs and a bootstrap's over prompts)"
     floor = f"the reference setting's own repeats depart {fd}/{fc}"
-    if fd == 0:
-        return "diverges", f"{d}/{n} runs depart; {floor}: no noise to be within", float("nan")
-    bound = excess_bound(d, n, fd, fc)
-    if bound <= margin:
-        power = equivalence_power(n, fd, fc, margin)
-        return "within_noise", (f"{d}/{n} runs depart; {floor}; its rate exceeds theirs by at most "
-                                f"{100 * bound:.1f} points (95%, Newcombe), within the margin of {100 * margin:g}; "
-                                f"power at equal rates {100 * power:.0f}%"), bound
-    p = fisher_greater(d, n, fd, fc)
+    if upper <= margin:
+        return "within_noise", (f"{d}/{n} runs over {prompts} prompt(s) depart; {floor}; its rate exceeds theirs by at "
+                                f"most {100 * upper:.1f} points (95%, {unit}), within the margin of {100 * margin:g}; "
+                                f"power at equal rates {100 * equivalence_power(se, margin):.0f}%"), upper
     if p >= ALPHA:
-        return "undecided", (f"{d}/{n} runs depart; {floor}; the data cannot decide: the excess may be up to "
-                             f"{100 * bound:.1f} points (over the margin of {100 * margin:g}), yet is not shown "
-                             f"(one-sided Fisher p = {p:.2f}); more runs would tell"), bound
-    return "diverges", f"{d}/{n} runs depart; {floor}; more often than the floor (one-sided Fisher p = {p:.3g})", p
+        return "undecided", (f"{d}/{n} runs over {prompts} prompt(s) depart; {floor}; the data cannot decide: the "
+                             f"excess may be up to {100 * upper:.1f} points (95%, {unit}; over the margin of "
+                             f"{100 * margin:g}), yet is not shown (one-sided {test} = {p:.2f}); more runs of more "
+                             "prompts would tell"), upper
+    return "diverges", (f"{d}/{n} runs over {prompts} prompt(s) depart; {floor}; more often than the floor "
+                        f"(one-sided {test} = {p:.3g})"), p
+
+
+def noise_class(d, n, fd, fc, margin: float = NOISE_MARGIN) -> tuple[str, str, float]:
+    """(class, evidence, bound) of a setting whose runs depart d of n, against a floor of fd of fc:
+    within_noise, undecided or diverges (see the module's doc). Arrays give one entry per prompt
+    (the same prompts on both sides); scalars are one prompt."""
+    return _noise(d, n, fd, fc, margin)[0]
+
+
+def _noise(d, n, fd, fc, margin: float) -> tuple[tuple[str, str, float], tuple[float, float, float]]:
+    """noise_class, and the noise test's figures (NaN where there was no test)."""
+    none = (float("nan"),) * 3
+    d_all, n_all, fd_all, fc_all = (int(np.sum(a)) for a in (d, n, fd, fc))
+    if fc_all == 0:
+        return ("diverges", f"{d_all}/{n_all} runs depart (the reference has no repeats to compare)",
+                float("nan")), none
+    if fd_all == 0:
+        return ("diverges", f"{d_all}/{n_all} runs depart; the reference setting's own repeats depart "
+                f"{fd_all}/{fc_all}: no noise to be within", float("nan")), none
+    figures = noise_test(d, n, fd, fc)
+    prompts = int(np.sum(np.atleast_1d(n) > 0))
+    return noise_verdict(d_all, n_all, fd_all, fc_all, prompts, *figures, margin), figures
 
 
 def fisher_greater(d1: int, n1: int, d0: int, n0: int) -> float:
@@ -103,20 +162,26 @@ def fisher_greater(d1: int, n1: int, d0: int, n0: int) -> float:
 
 
 def floors(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per setting: the reference setting's own repeats against its reference runs (`floor_compared`,
-    `floor_diverged`) and whether the setting is itself a reference (`is_floor`)."""
-    columns = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "matched", "first_divergence"]))
+    """Per setting and prompt: the setting's compared and departed runs (`compared`, `diverged`), the
+    reference setting's own repeats of that prompt against their reference run (`floor_compared`,
+    `floor_diverged`), and whether the setting is itself a reference (`is_floor`)."""
+    columns = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "prompt_id", "matched", "first_divergence"]))
     judged = compared.loc[compared["matched"].notna().to_numpy(), columns]  # a million rows: only these columns
+    by = keys + ["prompt_id"]
+    runs = judged.groupby(by, dropna=False, sort=False, observed=True).agg(
+        compared=("matched", "size"), diverged=("first_divergence", "count"))
     own = judged[(judged["cell_id"] == judged["reference_cell"]).to_numpy()]
-    per_ref = own.groupby("reference_cell").agg(n=("matched", "size"), d=("first_divergence", "count"))
-    pairs = judged[list(dict.fromkeys(keys + ["cell_id", "reference_cell"]))].drop_duplicates(["cell_id", "reference_cell"])
-    pairs = pairs.join(per_ref, on="reference_cell").fillna({"n": 0, "d": 0})
+    per_ref = own.groupby(["reference_cell", "prompt_id"], observed=True).agg(
+        n=("matched", "size"), d=("first_divergence", "count"))
+    pairs = judged[list(dict.fromkeys(by + ["cell_id", "reference_cell"]))].drop_duplicates(
+        ["cell_id", "reference_cell", "prompt_id"])
+    pairs = pairs.join(per_ref, on=["reference_cell", "prompt_id"]).fillna({"n": 0, "d": 0})
     pairs["self"] = pairs["cell_id"] == pairs["reference_cell"]
-    again = pairs.duplicated(keys + ["reference_cell"])  # a reference cell's repeats count once per setting
+    again = pairs.duplicated(by + ["reference_cell"])  # a reference cell's repeats count once per setting
     pairs["n"], pairs["d"] = pairs["n"].where(~again, 0), pairs["d"].where(~again, 0)
-    out = pairs.groupby(keys, dropna=False, sort=False).agg(floor_compared=("n", "sum"), floor_diverged=("d", "sum"),
-                                                            is_floor=("self", "all"))
-    return out.reset_index()
+    out = pairs.groupby(by, dropna=False, sort=False, observed=True).agg(
+        floor_compared=("n", "sum"), floor_diverged=("d", "sum"), is_floor=("self", "all"))
+    return out.join(runs).reset_index()
 
 
 def _answers_of(answers: pd.DataFrame | None, setting: dict, keys: list[str]) -> dict | None:
@@ -129,20 +194,27 @@ def _answers_of(answers: pd.DataFrame | None, setting: dict, keys: list[str]) ->
 def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame | None = None,
              margin: float = NOISE_MARGIN) -> pd.DataFrame:
     """`settings` (harness.analysis.by_setting.agreement) with COLUMNS added; `floor`: floors()."""
-    keys = [k for k in settings.columns if k in floor.columns and k not in ("floor_compared", "floor_diverged", "is_floor")]
+    counts = ["compared", "diverged", "floor_compared", "floor_diverged"]
+    keys = [k for k in settings.columns if k in floor.columns and k not in counts + ["is_floor", "prompt_id"]]
     out = settings.copy()
-    lookup = {tuple(None if pd.isna(v) else v for v in rec[:len(keys)]): rec[len(keys):]
-              for rec in floor[keys + ["floor_compared", "floor_diverged", "is_floor"]].itertuples(index=False)}
-    classes, evidence, bounds, floor_n, floor_d = [], [], [], [], []
+    lookup: dict[tuple, tuple[np.ndarray, bool]] = {}  # per setting: its per-prompt counts, whether a floor
+    for key, part in floor.groupby(keys, dropna=False, sort=False, observed=True):
+        at = tuple(None if pd.isna(v) else v for v in (key if isinstance(key, tuple) else (key,)))
+        lookup[at] = (part[counts].to_numpy(dtype=np.int64), bool(part["is_floor"].all()))
+    empty = np.zeros((0, len(counts)), dtype=np.int64)
+    classes, evidence, bounds, floor_n, floor_d, noise = [], [], [], [], [], []
     for rec in out.to_dict("records"):
         n, d = int(rec["compared"]), int(rec["diverged"])
         prompts, bound = int(rec["prompts"]), rec["upper95_prompts"]
         bound = rec["upper95_pooled"] if pd.isna(bound) else bound  # one prompt: the pooled bound, labelled
         unit = "prompts as the unit" if not pd.isna(rec["upper95_prompts"]) else "pooled over runs"
         lp_n, lp_same = int(rec.get("logprobs_compared") or 0), int(rec.get("logprobs_identical_runs") or 0)
-        fc, fd, is_floor = lookup.get(tuple(None if pd.isna(rec[k]) else rec[k] for k in keys), (0, 0, False))
-        fc, fd = (0, 0) if is_floor else (int(fc), int(fd))
+        per_prompt, is_floor = lookup.get(tuple(None if pd.isna(rec[k]) else rec[k] for k in keys), (empty, False))
+        if is_floor:
+            per_prompt = per_prompt * np.array([1, 1, 0, 0])
+        fc, fd = int(per_prompt[:, 2].sum()), int(per_prompt[:, 3].sum())
         floor_n.append(fc), floor_d.append(fd)
+        figures = (np.nan,) * len(NOISE_COLUMNS)
         answer = _answers_of(answers, rec, keys)
         if n == 0:
             classes.append(None), evidence.append("no compared runs"), bounds.append(np.nan)
@@ -169,10 +241,14 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
                             "repeats against its first run)")
             bounds.append(np.nan)
         else:
-            found, said, bound = noise_class(d, n, fd, fc, margin)
+            (found, said, bound), figures = _noise(per_prompt[:, 1], per_prompt[:, 0], per_prompt[:, 3],
+                                                   per_prompt[:, 2], margin)
             classes.append(found), evidence.append(said), bounds.append(bound)
+        noise.append(figures)
     out["guarantee"], out["guarantee_evidence"], out["guarantee_bound"] = classes, evidence, bounds
     out["floor_compared"], out["floor_diverged"] = floor_n, floor_d
+    for i, column in enumerate(NOISE_COLUMNS):
+        out[column] = [figures[i] for figures in noise]
     return out
 
 
@@ -185,7 +261,8 @@ def holds_with_margin(record: dict, wanted: str, margin: float) -> tuple[bool, s
     """`holds` for a settings record, with within_noise judged again at `margin` (a rule's own) from the
     record's counts: whether it holds, and the class and evidence found."""
     found, evidence = record["guarantee"], record["guarantee_evidence"]
-    if found in ("within_noise", "undecided", "diverges") and int(record.get("floor_compared") or 0) > 0:
-        found, evidence, _ = noise_class(int(record["diverged"]), int(record["compared"]),
-                                         int(record["floor_diverged"]), int(record["floor_compared"]), margin)
+    figures = [record.get(c) for c in NOISE_COLUMNS]
+    if found in ("within_noise", "undecided", "diverges") and not any(f is None or pd.isna(f) for f in figures):
+        found, evidence, _ = noise_verdict(int(record["diverged"]), int(record["compared"]), int(record["floor_diverged"]),
+                                           int(record["floor_compared"]), int(record["prompts"]), *figures, margin)
     return holds(found, wanted), f"{found}: {evidence}"

@@ -173,16 +173,29 @@ _ASSIGNMENT = re.compile(r"(?<![\w$-])([A-Za-z_][A-Za-z0-9_.-]*)(['\"]?\s*[=:]\s
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)(=|\s+)(?=[^\s-])([^\s'\"]+)")
 
 
+#: credentials recognisable by their own shape, wherever they stand in a text: Hugging Face, OpenAI
+#: and Anthropic style keys, GitHub and GitLab tokens, Slack tokens, AWS access key ids, JWTs
+_BARE = re.compile(r"(?<![A-Za-z0-9_-])(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
+                   r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}"
+                   r"|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
+
+
+def has_credential(text: str) -> bool:
+    """Whether free text holds something redact_text would hide."""
+    return isinstance(text, str) and redact_text(text) != text
+
+
 def redact_text(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> str:
     """Free text (an error, a log line, a shell line) as it may be stored: every known secret value
-    (4 characters or more), URL user information, credential headers, and the values of credential
-    names and flags (values of six characters or more, not all digits) replaced by REDACTED. A value
-    written as an environment reference ($NAME, ${NAME}) is kept: it is no secret, and a job needs it
-    as written."""
+    (4 characters or more), tokens of the usual shapes (_BARE), URL user information, credential
+    headers, and the values of credential names and flags (values of six characters or more, not
+    all digits) replaced by REDACTED. A value written as an environment reference ($NAME, ${NAME})
+    is kept: it is no secret, and a job needs it as written."""
     if not isinstance(text, str) or not text:
         return text
     for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
         text = text.replace(secret, REDACTED)
+    text = _BARE.sub(REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(0) if _referred_userinfo(m.group(2)) else f"{m.group(1)}{REDACTED}@",
                              text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{REDACTED}"

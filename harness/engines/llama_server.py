@@ -7,7 +7,6 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -32,7 +31,14 @@ from harness.engines.base import (
 from harness.engines.parts import cpu_kernels
 from harness.engines.parts.end_of_generation import gguf_end_ids
 from harness.engines.parts.llama_offload import gpu_layers, offload_state
-from harness.engines.parts.llama_server_binary import build_sha256, draft_flags, find_binary, server_probe
+from harness.engines.parts.llama_server_binary import (
+    build_sha256,
+    draft_flags,
+    find_binary,
+    kernel_choice,
+    kernel_flags,
+    server_version,
+)
 from harness.engines.parts.server_answer import cached, int_or_none, sequence
 from harness.engines.parts.server_process import ManagedServer, free_port, log_dir, post_concurrently, post_json
 from harness.models import catalog as models
@@ -163,18 +169,10 @@ class LlamaServerEngine(Engine):
         self._templates: dict[str, str] = {}
         #: templated prompt -> its token count (the model's, so it holds across server restarts)
         self._lengths: dict[str, int] = {}
-        try:
-            out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=30)
-            self.server_version = next((line.split(":", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
-                                        if line.startswith("version:")), "")
-        except (OSError, subprocess.SubprocessError):
-            self.server_version = ""
+        self.server_version = server_version(self.binary)
         self.build_sha256 = build_sha256(Path(self.binary))
-        probe = server_probe(self.binary, self.model_path, self.opts.n_threads, self.opts.startup_timeout_s)
-        key = cpu_kernels.cache_key("llama-server", self.binary, self.server_version, self.build_sha256,
-                                    self.model_sha256, os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
-        self.extra = cpu_kernels.choose(self.opts.extra_bufts, cpu_kernels.cpu_reports_amx(), probe, models.cache_dir(),
-                                        key, log)
+        self.extra = kernel_choice(self.binary, self.model_path, self.opts.extra_bufts, self.opts.n_threads,
+                                   self.opts.startup_timeout_s, log, self.model_sha256)
         if self.extra.warning:
             log(self.extra.warning)
         # the path this load computes in, read from its own first server's load log (with the user's
@@ -193,8 +191,7 @@ class LlamaServerEngine(Engine):
             args += ["-t", str(self.opts.n_threads)]
         if self.opts.kv_unified:
             args += ["--kv-unified"]
-        if not self.extra.use_extra:
-            args += ["--no-repack"]
+        args += kernel_flags(self.extra)
         if self.spec.prefill_chunk != "auto":
             args += ["-b", self.spec.prefill_chunk, "-ub", self.spec.prefill_chunk]
         kv = _KV_TYPES[self.spec.kv_cache_dtype]

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from harness.core.errors import ConfigError
-from harness.core.redaction import redact, redact_text
+from harness.core.redaction import has_credential, redact, redact_text
 from harness.engines.registry import engine_names, options_model
 from harness.experiment import yamlsrc
 from harness.experiment.axes import AXES
@@ -168,10 +168,29 @@ def _snapshot(data: dict[str, Any], prompt_set: PromptSet) -> dict[str, Any]:
     # prompts and fillers (the text the runs were given), so that no credential is kept anywhere a file
     # can hold one (options, swept options, include, exclude, rules' `where`, environments, cluster)
     inline = {key: value if key in _NOT_REDACTED else redact(value) for key, value in inline.items()}
+    if isinstance(inline.get("description"), str):  # free text: a token or URL password anywhere in it
+        inline["description"] = redact_text(inline["description"])
+    if isinstance(inline.get("expect"), list):
+        inline["expect"] = [_named_safely(rule) if isinstance(rule, dict) else rule for rule in inline["expect"]]
     cluster = inline.get("cluster")
     if isinstance(cluster, dict) and isinstance(cluster.get("setup"), list):  # `export HF_TOKEN=...` lines
         inline["cluster"] = cluster | {"setup": [redact_text(str(line)) for line in cluster["setup"]]}
     return json.loads(json.dumps(inline, default=str))  # plain JSON types only
+
+
+def _named_safely(rule: dict[str, Any]) -> dict[str, Any]:
+    """An `expect:` rule whose free-text name is stored and printed redacted."""
+    return rule | {"name": redact_text(rule["name"])} if isinstance(rule.get("name"), str) else rule
+
+
+def _refuse_credentials(source: yamlsrc.Source, experiment: Experiment) -> None:
+    """The experiment's name names its folder and the context is given to the model, so neither can be
+    stored redacted: one that holds a credential is refused (prompts are the user's input, as written)."""
+    for loc, text in ((("name",), experiment.name), (("context", "text"), experiment.context.text)):
+        if has_credential(text):
+            raise ConfigError(f"{source.where(loc)}: {yamlsrc.format_loc(loc)}: holds what looks like a credential "
+                              f"('{redact_text(text)[:120]}'); it would be stored in manifests and results as "
+                              "written: remove it")
 
 
 def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
@@ -224,11 +243,13 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
     for index, rule in enumerate(experiment.expect):
         where = _check_entries(source, "expect", [rule.where], loc_prefix=("expect", index, "where"),
                                option_axes=option_axes, only_swept=True)[0]
-        rules.append(rule.model_copy(update={"where": where}))  # canonical values, as rows hold them
+        # canonical values, as rows hold them; the name redacted, as it is printed and stored
+        rules.append(rule.model_copy(update={"where": where, "name": redact_text(rule.name)}))
         if all(getattr(rule, k) is None for k in CONDITIONS):
             raise ConfigError(f"{source.where(('expect', index))}: expect[{index}]: no condition; give one of "
                               f"{', '.join(CONDITIONS)}")
-    experiment = experiment.model_copy(update={"expect": rules})
+    _refuse_credentials(source, experiment)
+    experiment = experiment.model_copy(update={"expect": rules, "description": redact_text(experiment.description)})
 
     named = set(experiment.environments)
     if CURRENT_ENVIRONMENT in named:
@@ -286,5 +307,6 @@ def load_expectations(path: Path | str) -> list[Expectation]:
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from None
     return [rule.model_copy(update={"where": _check_entries(source, "expect", [rule.where],
-                                                            loc_prefix=("expect", index, "where"))[0]})
+                                                            loc_prefix=("expect", index, "where"))[0],
+                                    "name": redact_text(rule.name)})
             for index, rule in enumerate(rules)]

@@ -32,6 +32,7 @@ from typing import Any
 
 from harness.core.native_preload import flag, last_before_engine
 from harness.core.process_end import died_of, how_it_ended, signal_word
+from harness.core.redaction import redact_text
 from harness.engines.base import Finding, LoadSpec
 from harness.engines.registry import engine_class
 
@@ -51,7 +52,6 @@ class _Quiet:
 
 
 def _rehearse_here(spec: LoadSpec, base: Path, folder: Path) -> dict[str, Any]:
-    from harness.core.redaction import redact_text
     from harness.engines.base import Sampling
     from harness.engines.parts.cpu_kernels import PREFILL_TEXT
     from harness.run.engine_load import load_engine
@@ -80,6 +80,8 @@ def _rehearse_here(spec: LoadSpec, base: Path, folder: Path) -> dict[str, Any]:
 def rehearse(spec: LoadSpec, base: Path, env: dict[str, str], timeout_s: float = TIMEOUT_S) -> Finding:
     """Rehearse one load of `spec` under `env` (the group's environment) in a child process: a finding
     that says what ran, or why it failed and what to do."""
+    from harness.run.work_order import secrets_of
+
     cls = engine_class(spec.engine)
     what = spec.label()
     argv = [sys.executable, "-m", "harness.run.rehearsal", *flag(cls.native_package)]
@@ -91,8 +93,10 @@ def rehearse(spec: LoadSpec, base: Path, env: dict[str, str], timeout_s: float =
                                       stderr=err, env={**os.environ, **env}, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return Finding(what, f"a rehearsal of a run's worker gave no answer within {timeout_s:.0f} s", False)
-        text = log.read_text(errors="replace")
-    answers = [line for line in done.stdout.decode(errors="replace").splitlines() if line.startswith("{")]
+        # a log, an error or a hint may quote a credential of the load's options: said only redacted
+        text = redact_text(log.read_text(errors="replace"), secrets_of(spec.options))
+    answers = [line for line in redact_text(done.stdout.decode(errors="replace"), secrets_of(spec.options)).splitlines()
+               if line.startswith("{")]
     answer = json.loads(answers[-1]) if answers else {}
     number = died_of(done.returncode)
     if number is not None:
@@ -113,7 +117,9 @@ def main() -> int:
     try:
         answer = _rehearse_here(spec, base, folder)
     except Exception as exc:  # noqa: BLE001 - said as the finding
-        answer = {"error": f"{type(exc).__name__}: {exc}"}
+        from harness.run.work_order import secrets_of
+
+        answer = {"error": redact_text(f"{type(exc).__name__}: {exc}", secrets_of(spec.options))}
     print(json.dumps(answer), flush=True)
     return 0 if "error" not in answer else 1
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.core.log import Log
 from harness.engines.parts import cpu_kernels
 from harness.engines.parts.server_process import free_port, get_json, post_concurrently
 from harness.models import catalog as models
@@ -111,3 +112,29 @@ def draft_flags(binary: str, draft: Path, tokens: int, opts: Any) -> list[str]:
     if opts.draft_p_min is not None:
         args += ["--spec-draft-p-min" if new else "--draft-p-min", str(opts.draft_p_min)]
     return args
+
+
+def server_version(binary: str) -> str:
+    """The `version:` line of `binary --version` ('' where it gives none)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
+                 if line.startswith("version:")), "")
+
+
+def kernel_choice(binary: str, model: Path, option: str = "auto", threads: int | None = None,
+                  timeout_s: float = 120, log: Log = lambda _line: None, model_sha256: str = "") -> cpu_kernels.Choice:
+    """Whether a llama-server of `binary` on `model` runs with extra buffer types (AMX, repacked weights):
+    the engine's choice, and the one a server started by hand (a test, an openai launch) must make too,
+    through `kernel_flags`, or it meets the crash the engine avoids."""
+    key = cpu_kernels.cache_key("llama-server", binary, server_version(binary), build_sha256(Path(binary)),
+                                model_sha256, os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
+    return cpu_kernels.choose(option, cpu_kernels.cpu_reports_amx(), server_probe(binary, model, threads, timeout_s),
+                              models.cache_dir(), key, log)
+
+
+def kernel_flags(choice: cpu_kernels.Choice) -> list[str]:
+    """The server flags of a kernel choice."""
+    return [] if choice.use_extra else ["--no-repack"]
