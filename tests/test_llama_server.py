@@ -72,6 +72,11 @@ def test_rows_complete_and_requests_overlap_in_the_server(server_rows):
         assert detail["requests_overlapped"] is True
         assert len(detail["slots_used"]) == row.batch_size  # every request had its own slot
         assert detail["id_slot"] in detail["slots_used"]
+        # TTFT and end-to-end latency on one clock, the server's; the client's span holds HTTP besides
+        e2el = row.n_tokens / row.target_tokens_per_s
+        assert row.ttft_s == pytest.approx(detail["server_prompt_ms"] / 1000)
+        assert e2el == pytest.approx((detail["server_prompt_ms"] + detail["server_predicted_ms"]) / 1000)
+        assert detail["client_span_s"] >= e2el
     assert not _servers()  # stopped after use
 
 

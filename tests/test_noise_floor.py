@@ -178,3 +178,25 @@ def test_the_scorer_is_placed_like_a_run(folders, tmp_path):
     assert scores.groupby("scorer_id").scorer.nunique().max() == 1 and scores.scorer_id.nunique() == 2
     forced = run_harness("rescore", str(root), "--any-device", "--force")
     assert forced.returncode == 0 and "not scored" not in forced.stdout
+
+
+def test_runs_of_another_engine_version_are_not_re_read_by_this_one(folders, tmp_path):
+    """An engine upgraded in place keeps the interpreter's folder: the rows' recorded engine version
+    tells its runs from this engine's, and rescore and replay refuse, naming both versions."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "upgraded"
+    shutil.copytree(folders["A"], root)
+    for path in root.rglob("*.parquet"):
+        table = pq.read_table(path)
+        if "engine_version" in table.column_names:
+            at = table.column_names.index("engine_version")
+            table = table.set_column(at, table.schema.field(at), pa.array(["llama-cpp-python 0.0.1"] * len(table)))
+            pq.write_table(table, path)
+    for command in ("rescore", "replay"):
+        done = run_harness(command, str(root), "--force")  # the copy holds A's scores: asked again
+        said = " ".join(done.stdout.split())
+        assert done.returncode == 0 and "made by llama-cpp-python 0.0.1" in said and "upgraded in place" in said, said

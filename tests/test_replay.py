@@ -101,6 +101,12 @@ def test_a_replayer_sees_the_gpus_its_setting_may_use_and_the_probe_cache_names_
     spec = LoadSpec("llamacpp", "smollm2-135m", "auto", "cpu", False, {"n_threads": 2})
     with PlacedEngine(spec, None, lambda _: None) as placed:
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and placed.engine.n_gpu_layers == 0
+    # and put back after: a `gpu: any` engine loaded next in this process sees the node's GPUs
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with PlacedEngine(spec, None, lambda _: None):
+        pass
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
     keys = set()
     for visible in ("", "GPU-1", "GPU-2"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)

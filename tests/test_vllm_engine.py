@@ -172,3 +172,34 @@ def test_the_forcing_processor_leaves_only_the_next_forced_token_and_spares_othe
     assert int(first.argmax()) == 5 and first[5] == 5.0 and torch.isinf(first[torch.arange(10) != 5]).all()
     assert int(force([5], logits.clone()).argmax()) == 7
     assert torch.equal(force([5, 7], logits.clone()), logits)  # past the forced tokens: left as it is
+
+
+def test_a_batch_whose_step_fails_leaves_no_request_in_the_engine():
+    """If vLLM's step() raises mid-batch, the batch's requests are aborted: left in, they would be
+    decoded with the next batch, which would then be larger than its rows say. A stand-in engine (not
+    vLLM: no real step fails on demand) that holds requests until aborted."""
+    from types import SimpleNamespace
+
+    from harness.engines.parts.vllm_steps import run_batch
+
+    class StandIn:
+        def __init__(self) -> None:
+            self.held: set[str] = set()
+
+        def add_request(self, rid, prompt, param) -> None:
+            self.held.add(rid)
+
+        def has_unfinished_requests(self) -> bool:
+            return bool(self.held)
+
+        def step(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        def abort_request(self, ids) -> None:
+            self.held -= set(ids)
+
+    engine = StandIn()
+    params = [SimpleNamespace(output_kind=None) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run_batch(engine, "b1", [{"prompt": "x"}] * 3, params, 0)
+    assert engine.held == set()

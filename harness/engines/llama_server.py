@@ -337,12 +337,17 @@ class LlamaServerEngine(Engine):
         answer = answers[target]
         every = [sequence(a, self.end_ids) for a in answers] if members else []
         timings = answer.get("timings", {})
+        client_s = spans[target][1] - spans[target][0]
+        # one clock for TTFT and end-to-end latency, the server's: its prompt time, and its prompt plus
+        # generation time (the client's span, HTTP and slot wait included, is kept in detail); TPOT is
+        # then the server's time per output token, not what HTTP added to it
+        served = (timings.get("prompt_ms") or 0.0) + (timings.get("predicted_ms") or 0.0)
         return BatchOutput(
             target=every[target] if members else sequence(answer, self.end_ids),
             prompt_tokens=int(answer.get("tokens_evaluated", 0)),
             prefill_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
             ttft_s=timings.get("prompt_ms", 0.0) / 1000 if timings else None,
-            target_s=spans[target][1] - spans[target][0],
+            target_s=served / 1000 if timings and served > 0 else client_s,
             wall_s=wall,
             batch_generated_tokens=sum(int(a.get("tokens_predicted", 0)) for a in answers),
             cached_tokens=cached(answer),
@@ -357,6 +362,7 @@ class LlamaServerEngine(Engine):
                 "release_spread_s": round(sent.release_spread_s, 6),
                 "server_prompt_ms": timings.get("prompt_ms"),
                 "server_predicted_ms": timings.get("predicted_ms"),
+                "client_span_s": round(client_s, 6),
             },
         )
 

@@ -38,8 +38,8 @@ def score_settings(a: Results, b: Results, ignore: tuple[str, ...] = ("gpu",),
     setting_a = a.read_rows(columns=["cell_id", *KEY_COLUMNS]).drop_duplicates("cell_id")
     setting_b = b.read_rows(columns=["cell_id", *KEY_COLUMNS]).drop_duplicates("cell_id")
     keys = [k for k in keys_of(setting_a, drop=set(ignore) | {"batch_size"}) if k in setting_a and k in setting_b]
-    runs_a = runs_a.drop(columns="context_tokens").merge(setting_a, on="cell_id")
-    runs_b = runs_b.drop(columns="context_tokens").merge(setting_b, on="cell_id")
+    runs_a = runs_a.drop(columns=["context_tokens", "engine"]).merge(setting_a, on="cell_id")
+    runs_b = runs_b.drop(columns=["context_tokens", "engine"]).merge(setting_b, on="cell_id")
     return keys, _scored(a, b, runs_a, runs_b, keys, log, any_device)
 
 
@@ -68,6 +68,9 @@ def _scored(a: Results, b: Results, runs_a: pd.DataFrame, runs_b: pd.DataFrame, 
             continue
         log(f"scoring {len(part_a)} run(s) of A and {len(part_b)} of B with {scorer.label}")
         with scorer:
+            if (why := scorer.other_build(part_a)) is not None:
+                yield {"setting": setting, "left_out": left_out, "why": why}
+                continue
             va = _values(a, part_a, scorer, texts)
             vb = _values(b, part_b, scorer, texts)
         yield {"setting": setting, "left_out": left_out, "a": va, "b": vb}

@@ -44,7 +44,17 @@ import pyarrow.parquet as pq
 from harness.experiment.matrix import digest, expand
 from harness.experiment.prompts import Batch, compose_batch
 from harness.results.folder_rows import Results
-from harness.run.rescore import PlacedEngine, deltas, not_here, read_side, run_stats, scorer_spec, scoring_machine, side_path
+from harness.run.rescore import (
+    BUILT_BY,
+    PlacedEngine,
+    deltas,
+    not_here,
+    read_side,
+    run_stats,
+    scorer_spec,
+    scoring_machine,
+    side_path,
+)
 
 FOLDER = "replayed"
 SCHEMA = pa.schema([
@@ -53,7 +63,7 @@ SCHEMA = pa.schema([
     ("replay_argmax", pa.list_(pa.int32())), ("replayer", pa.string()), ("replay_id", pa.string()),
 ])
 ROW_COLUMNS = ["cell_id", "prompt_id", "repeat", "status", "output_hash", "n_tokens", "context_tokens",
-               "filler_tokens", "filler_ids", "batch_position", "batch_size", "device", "python_executable"]
+               "filler_tokens", "filler_ids", "batch_position", "batch_size", *BUILT_BY]
 RUN_COLUMNS = ["steps", "mean_abs_delta", "max_abs_delta", "k3_kl", "would_split_steps", "first_would_split"]
 SUMMARY_COLUMNS = ["runs", "steps", "mean_abs_delta", "max_abs_delta", "k3_kl", "would_split_runs",
                    "would_split_steps", "first_would_split"]
@@ -149,6 +159,9 @@ def replay(results: Results, engine: str | None = None, dtype: str | None = None
         log(f"replaying {len(runs)} run(s) of {len(chosen)} cell(s) with {player.label}, each in {how}")
         exp = loaded.experiment
         with player:
+            if (why := player.other_build(runs)) is not None:
+                refused.append(f"{player.label}: {why}")
+                continue
             description = json.dumps(json.loads(player.description) | {"batch": how}, sort_keys=True)
             for cell_id in chosen:
                 cell = cells[cell_id][0]

@@ -56,6 +56,11 @@ SCHEMA = pa.schema([
 RUN_COLUMNS = ["runs", "tokens", "mean_abs_delta", "max_abs_delta", "k3_kl", "share_above"]
 
 
+#: the row columns that say what made a run: where (device), under which interpreter, by which engine
+#: build; a run is re-read only by the same (`not_here`, `PlacedEngine.other_build`)
+BUILT_BY = ["device", "python_executable", "engine", "engine_version"]
+
+
 def scoring_machine() -> dict[str, str]:
     """Where a scorer loaded in this process computes: the host, its GPUs (or 'cpu'), and the
     interpreter whose engine libraries it loads (scorer and replayer ids name it)."""
@@ -132,6 +137,7 @@ class PlacedEngine:
         self.label = spec.label()
         self.engine: Any = None
         self.description = ""
+        self._before: dict[str, str | None] = {}
 
     @property
     def refusal(self) -> str | None:
@@ -146,17 +152,49 @@ class PlacedEngine:
         # before the engine's library is imported: its variables, and the GPUs the setting may see, as
         # a run's worker has them (gpu: cpu sees none: a CUDA build would otherwise compute on one)
         tp = int(self.spec.options.get("tensor_parallel_size") or 1)
-        os.environ.update(self.cls.environment(self.spec) | device_environment(self.spec.gpu, detect_gpus(), tp))
-        self.engine = self.cls(self.spec, self.log, self.base)
+        placed = self.cls.environment(self.spec) | device_environment(self.spec.gpu, detect_gpus(), tp)
+        # put back on exit: the next engine of this process (a `gpu: any` scorer after a `gpu: cpu` one)
+        # is placed from the process's own environment, not from this one's narrowing
+        self._before = {name: os.environ.get(name) for name in {*placed, "CUDA_VISIBLE_DEVICES"}}
+        os.environ.update(placed)
+        try:
+            self.engine = self.cls(self.spec, self.log, self.base)
+        except BaseException:
+            self._put_back()
+            raise
         facts = self.engine.describe()
         build = {k: v for k, v in facts.items() if k in ("engine_version", "model_sha256", "engine_info", "build_sha256",
                                                            "cpu_kernels", "platform")}
         self.description = json.dumps({"engine": self.spec.engine, "model": self.spec.model, "dtype": self.spec.dtype,
                                        **self.machine, **build}, sort_keys=True, default=str)
+        self.engine_version = str(facts.get("engine_version") or "")
         return self
 
+    def other_build(self, runs: pd.DataFrame) -> str | None:
+        """Why this loaded engine may not stand in for the one that made `runs` (rows with `engine` and
+        `engine_version`): the same engine at another version, as after an upgrade in place (the
+        interpreter's folder, which `foreign` compares, is then the same). None where it may; another
+        engine, chosen on purpose (--engine), is compared by the scores themselves."""
+        theirs = sorted({str(v) for v in runs.loc[runs["engine"] == self.spec.engine, "engine_version"].dropna()
+                         if v} - {self.engine_version})
+        if not self.engine_version or not theirs:
+            return None
+        return (f"the runs were made by {', '.join(theirs)}; this environment's engine is {self.engine_version} "
+                "(upgraded in place?), whose numbers would stand for theirs. Re-read them under the version "
+                "that made them (pip install it in another environment and run the command there)")
+
     def __exit__(self, *exc: object) -> None:
-        self.engine.close()
+        try:
+            self.engine.close()
+        finally:
+            self._put_back()
+
+    def _put_back(self) -> None:
+        for name, value in self._before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class Scorer(PlacedEngine):
@@ -177,7 +215,7 @@ class Scorer(PlacedEngine):
 def scorable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
     """The folder's ok runs that can be scored (a shared context is not stored: those are left out, said)."""
     rows = results.read_rows(columns=["cell_id", "prompt_id", "repeat", "status", "output_hash", "context_tokens",
-                                      "device", "python_executable"])
+                                      *BUILT_BY])
     ok = rows[rows["status"] == "ok"]
     shared = ok["context_tokens"].fillna(0) > 0
     if shared.any():
@@ -222,6 +260,9 @@ def rescore(results: Results, engine: str | None = None, dtype: str | None = Non
         log(f"scoring {len(runs)} run(s) of {len(chosen)} cell(s) with {scorer.label}")
         try:
             with scorer:
+                if (why := scorer.other_build(runs)) is not None:
+                    refused.append(f"{scorer.label}: {why}")
+                    continue
                 records = [{"cell_id": r.cell_id, "prompt_id": r.prompt_id, "repeat": int(r.repeat),
                             "output_hash": r.output_hash, "scorer_id": key,
                             "score_logprobs": scorer(texts[r.prompt_id], r.output_hash, tokens[r.output_hash])}

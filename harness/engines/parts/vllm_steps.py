@@ -8,6 +8,7 @@ a streaming client does, without rebuilding any request's whole output at each s
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -48,17 +49,27 @@ def run_batch(engine: Any, tag: str, inputs: list[dict[str, Any]], params: list[
     gathered = [Gathered() for _ in ids]
     arrivals: list[float] = []
     t0 = time.perf_counter()
-    for rid, prompt, param in zip(ids, inputs, params):
-        param.output_kind = RequestOutputKind.DELTA  # each step: what is new, not the whole output again
-        engine.add_request(rid, prompt, param)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            i = where.get(str(out.request_id))
-            if i is None:
-                continue
-            if i == target and out.outputs[0].token_ids:
-                arrivals += [time.perf_counter() - t0] * len(out.outputs[0].token_ids)
-            gathered[i].add(out)
+    added: list[str] = []
+    try:
+        for rid, prompt, param in zip(ids, inputs, params):
+            param.output_kind = RequestOutputKind.DELTA  # each step: what is new, not the whole output again
+            engine.add_request(rid, prompt, param)
+            added.append(rid)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                i = where.get(str(out.request_id))
+                if i is None:
+                    continue
+                if i == target and out.outputs[0].token_ids:
+                    arrivals += [time.perf_counter() - t0] * len(out.outputs[0].token_ids)
+                gathered[i].add(out)
+    except BaseException:
+        # a failed batch leaves nothing behind: requests kept in the engine would be decoded with the next
+        # batch, which would then hold more sequences than its rows say
+        if added:
+            with contextlib.suppress(Exception):  # an engine that cannot abort is broken: its own error is the news
+                engine.abort_request(added)
+        raise
     wall = time.perf_counter() - t0
     done = sum(g.finished for g in gathered)
     if done != len(ids):
