@@ -6,6 +6,7 @@
 #
 #   scripts/gpu_acceptance.sh [RESULTS_ROOT]        results go to RESULTS_ROOT/acceptance-<GPU or cpu>
 #   ENGINES=llamacpp scripts/gpu_acceptance.sh      only these engines' cells (comma-separated)
+#   ENGINES=transformers scripts/gpu_acceptance.sh  only the transformers run (it needs no build)
 #   HARNESS="python -m harness" ...                 how to call the harness (default: harness)
 #
 # Exit code: 0 when every cell ran and every rule held, else 1.
@@ -32,6 +33,20 @@ if [ -n "${ENGINES:-}" ]; then
     IFS=, read -r -a engines <<<"$ENGINES"
     for e in "${engines[@]}"; do where+=(--where "engine=$e"); done
     [ "${#engines[@]}" -gt 1 ] && { echo "ENGINES: give one engine (a cell has one)" >&2; exit 2; }
+fi
+
+# First, on a GPU: the transformers engine, which needs nothing but the node's torch and transformers
+# (no llama.cpp build, no vLLM wheels): bf16 and f32, batch 1, 8 and 32, padded and continuous.
+tf_rc=0
+tf_out=""
+if [ -n "$gpu" ] && { [ -z "${ENGINES:-}" ] || [ "${ENGINES}" = transformers ]; }; then
+    tf_out="$root/transformers-$(echo "$gpu" | tr -c 'A-Za-z0-9.\n-' '-')"
+    mkdir -p "$tf_out"
+    "${harness[@]}" run configs/cluster/transformers-gpu.yaml --out "$tf_out" || tf_rc=1
+    "${harness[@]}" check "$tf_out" --junit "$tf_out/junit.xml" || tf_rc=1
+    "${harness[@]}" summarize "$tf_out" -f csv --what probes >"$tf_out/probes.csv" 2>&1
+    "${harness[@]}" summarize "$tf_out" 2>&1 | tee "$tf_out/summary.txt"
+    [ "${ENGINES:-}" = transformers ] && exit "$tf_rc"
 fi
 
 mkdir -p "$out"
@@ -62,10 +77,10 @@ echo "another GPU type: run this script on its node, then: harness compare $out 
         echo "gpu: none (CPU subset)"
     fi
     echo "config: $config${ENGINES:+ (ENGINES=$ENGINES)}; HARNESS_NATIVE_PRELOAD=${HARNESS_NATIVE_PRELOAD:-auto}"
-    echo "exit codes: doctor $doctor_rc, run $run_rc, check $check_rc"
+    echo "exit codes: ${tf_out:+transformers $tf_rc, }doctor $doctor_rc, run $run_rc, check $check_rc"
     grep -E '^ *(MISSING|ok|GPU:|llamacpp|llama-server|vllm)' "$out/doctor.txt" | cut -c1-240
     "${harness[@]}" status "$out" 2>&1 | head -n 12
     "${harness[@]}" summarize "$out" 2>/dev/null | grep -E '^(batch_size|[a-z_]+=)' | cut -c1-240
     echo '```'
 } | tee "$out/acceptance-summary.md"
-[ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ]
+[ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ] && [ "$tf_rc" -eq 0 ]

@@ -119,6 +119,27 @@ def test_include_exclude_and_grouping(write):
     assert [c["batch_size"] for c in groups[0].cells] == [1, 2]
 
 
+
+def test_an_include_that_sets_an_engine_option_the_matrix_does_not_sweep_is_a_cell_of_its_own(write):
+    """It was dropped: the included cell took the matrix's settings and merged with the batch-1 cell,
+    so a measurement of the option was silently one of the default."""
+    write("prompts.yaml", PROMPTS)
+    text = GOOD + "engine_options:\n  llamacpp: {n_threads: 2}\ninclude:\n  - {batch_size: 1, llamacpp.flash_attn: on}\n"
+    cells = expand(load_experiment(write("exp.yaml", text)))
+    got = sorted((c["batch_size"], c["llamacpp.flash_attn"], dict(c.engine_options)["flash_attn"]) for c in cells)
+    assert got == [(1, "auto", "auto"), (1, "on", "on"), (2, "auto", "auto")]
+    assert all(dict(c.engine_options)["n_threads"] == 2 for c in cells)
+    with pytest.raises(ConfigError, match=r"exp2.yaml:\d+: include\[0\]\.llamacpp\.n_threads"):
+        load_experiment(write("exp2.yaml", GOOD + "include:\n  - {batch_size: 1,\n     llamacpp.n_threads: 0}\n"))
+
+
+def test_a_null_engine_option_stays_null_when_swept(write):
+    """A swept null read back from its canonical text 'None' reached the engine as the string 'None'."""
+    write("prompts.yaml", PROMPTS)
+    text = GOOD.replace("batch_size: [1, 2]", "batch_size: [1]\n  llamacpp.n_threads: [null, 2]")
+    cells = expand(load_experiment(write("exp.yaml", text)))
+    assert sorted((dict(c.engine_options)["n_threads"] or 0) for c in cells) == [0, 2]
+
 def test_dtype_aliases_and_scalars(write):
     write("prompts.yaml", PROMPTS)
     loaded = load_experiment(write("exp.yaml", GOOD.replace("batch_size: [1, 2]", "batch_size: 1\n  dtype: float16")))

@@ -70,7 +70,14 @@ def test_two_environments_run_apart_and_are_compared_when_asked(tmp_path):
             "matrix: {model: [smollm2-135m], batch_size: [1, 2], environment: [current, b]}\n"
             f"environments: {{b: {{python: '{other}'}}}}\n"
             "engine_options: {llamacpp: {n_threads: 2}}\n")
-    store = run_experiment(tmp_path, text)
+    # through the command line, as users run it: its spare worker (this interpreter) must not serve b
+    (tmp_path / "prompts.yaml").write_text(PROMPTS)
+    (tmp_path / "exp.yaml").write_text(text)
+    done = run_harness("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    from harness.results.store import Store
+
+    store = Store(tmp_path / "out")
     rows = store.read_rows()
     assert (rows.status == "ok").all(), rows.error.unique()
     by_env = {env: part for env, part in rows.groupby("environment")}
@@ -105,3 +112,14 @@ def test_two_environments_run_apart_and_are_compared_when_asked(tmp_path):
     refused = json.loads(run_harness("compare", str(store.root), str(store.root), *flipped, "--score", "-f",
                                      "json").stdout)
     assert refused and all("not scored" in v["verdict"] and "another environment" in v["verdict"] for v in refused)
+
+
+def test_a_venv_of_this_very_python_is_another_environment(tmp_path):
+    """A venv's bin/python links to its base interpreter, so two venvs of one Python resolve to one file:
+    judged by that file, `harness run`'s spare worker (this environment's) served the other venv's
+    cells, and rows labelled with its environment ran with this one's libraries."""
+    from harness.run.environments import is_foreign
+
+    other = _venv(tmp_path / "same-python", linked=False)
+    assert is_foreign(str(other))
+    assert not is_foreign(sys.executable) and not is_foreign("")

@@ -206,3 +206,51 @@ def test_within_noise_takes_prompts_as_the_unit():
               "noise_excess_se": se}
     assert guarantees.holds_with_margin(record, "within_noise", 0.25)[0]
     assert not guarantees.holds_with_margin(record, "within_noise", 0.10)[0]
+
+
+def test_a_batch_invariant_setting_whose_batches_depart_is_mode_ineffective_not_a_divergence(tmp_path):
+    """Issue 56: a mode on by flag whose batched runs are not bitwise the run alone did not take effect (as
+    vLLM's flag outside its KV-offload namespace, vllm#58263). Rows written by hand stand in for a vLLM
+    whose flag does nothing: batch 8 with the mode on moves one log-probability (tokens kept), batch 4
+    with it on stays bitwise; with the mode off the same move is only same_tokens."""
+    folder, cells = synthetic_folder(tmp_path / "bi", ["p1", "p2"],
+                                     {"batch_size": [1, 4, 8], "batch_invariant": [False, True]}, repeats=2)
+    for cell in cells:
+        moved = cell["batch_size"] == 8
+        rows = [row_for(cell, p, r, REF, logprobs=[v + (1e-6 if moved and p == "p1" and r == 0 else 0) for v in LOGPROBS],
+                        margins=MARGINS, schema_version=3,
+                        logprobs_hash=_lp_hash([v + (1e-6 if moved and p == "p1" and r == 0 else 0) for v in LOGPROBS]))
+                for p in ("p1", "p2") for r in range(2)]
+        folder.write_cell(cell.id, rows, "t")
+    settings = Analysis(open_results(folder.root)).by_setting.set_index(["batch_invariant", "batch_size"])
+    assert settings.loc[(True, 8), "guarantee"] == "mode_ineffective"
+    assert "did not take effect" in settings.loc[(True, 8), "guarantee_evidence"]
+    assert "1/4 in log-probabilities" in settings.loc[(True, 8), "guarantee_evidence"]
+    assert settings.loc[(True, 4), "guarantee"] == "bitwise"
+    assert settings.loc[(False, 8), "guarantee"] == "same_tokens"
+    # a reference across the mode compares the mode with its absence: no mode verdict there
+    across = Analysis(open_results(folder.root), reference={"batch_invariant": False}).by_setting
+    assert "mode_ineffective" not in set(across["guarantee"])
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"expect": [
+        {"name": "the mode keeps batches bitwise", "where": {"batch_invariant": True}, "guarantee": "bitwise"}]}))
+    done = run_harness("check", str(folder.root), "--expect", str(rules))
+    assert done.returncode == 1 and "mode_ineffective" in done.stdout, done.stdout
+
+
+def test_a_passing_batch_invariant_rule_says_whether_its_negative_control_could_fail(tmp_path):
+    """With the mode off, the same settings must be able to depart, or a passing check of the mode
+    proves nothing: the verdict says which it is."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"expect": [
+        {"name": "mode keeps tokens", "where": {"batch_invariant": True}, "match_rate_min": 1.0}]}))
+    for name, off_departs, says in (("control", True, "negative control: with the mode off 1/3 runs departed"),
+                                    ("no-control", False, "cannot tell the mode from its absence")):
+        folder, cells = synthetic_folder(tmp_path / name, ["p1"],
+                                         {"batch_size": [1, 8], "batch_invariant": [False, True]}, repeats=2)
+        for cell in cells:
+            departs = off_departs and cell["batch_size"] == 8 and not cell["batch_invariant"]
+            folder.write_cell(cell.id, [row_for(cell, "p1", r, _departing(2) if departs and r == 0 else REF)
+                                        for r in range(2)], "t")
+        done = run_harness("check", str(folder.root), "--expect", str(rules))
+        assert done.returncode == 0 and says in done.stdout, done.stdout

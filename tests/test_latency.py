@@ -82,6 +82,20 @@ def test_slowdown_without_latency_columns_keeps_its_old_figures():
     assert math.isnan(rec["ttft_p50_ratio"]) and rec["e2el_p50_ratio"] == pytest.approx(2.0)
 
 
+def test_the_slowdown_shows_each_side_s_start_up_beside_the_cost():
+    """Issue 56: the mode changes start-up too (kernel variants, compile, graph capture); shown beside it."""
+    rows = _paired(1.5)
+    on = rows["batch_invariant"].astype(bool)
+    rows["load_s"] = np.where(on, 40.0, 25.0)
+    rows["warmup_s"] = np.where(on, 3.0, 1.0)
+    rec = metrics.slowdown(rows).iloc[0]
+    assert (rec.load_s_off, rec.load_s_on, rec.warmup_s_off, rec.warmup_s_on) == (25.0, 40.0, 1.0, 3.0)
+    from harness.report.table import _start_up
+
+    assert _start_up(rec.to_dict()) == "26.0 / 43.0"
+    assert _start_up(metrics.slowdown(_paired(1.5)).iloc[0].to_dict()) == "- / -"  # rows before schema 12
+
+
 def test_latency_by_setting_divides_by_the_reference_setting():
     rows = pd.DataFrame([_run(r, 0.1, [0.02] * 4, batch_size=1) for r in range(3)]
                         + [_run(r, 0.3, [0.05] * 4, batch_size=8) for r in range(3)])

@@ -593,26 +593,26 @@ def test_every_engine_names_the_weights_it_ran_never_an_empty_identity(tmp_path,
     """vLLM on a Hugging Face folder or hub id recorded an empty model_sha256, which pairs with anything."""
     import os as _os
 
-    from harness.engines import vllm
+    from harness.models import catalog
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"weights")
-    path, first = vllm._resolve(str(folder), None, print)
+    path, first = catalog.hf_model(str(folder), None, print)
     assert path == str(folder.resolve()) and first.startswith("files-sha256:") and len(first) == 13 + 64
     (folder / "model.safetensors").write_bytes(b"wEights")
     _os.utime(folder / "model.safetensors", ns=(1, 2))  # another file: another identity, whatever the clock
-    assert vllm._resolve(str(folder), None, print)[1] not in ("", first)
+    assert catalog.hf_model(str(folder), None, print)[1] not in ("", first)
     refs = tmp_path / "hf-home" / "hub" / "models--org--m" / "refs"
     refs.mkdir(parents=True)
     (refs / "main").write_text("0123abc\n")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    assert vllm._resolve("org/m", None, print) == ("org/m", "hf-revision:0123abc")
-    assert vllm._resolve("org/other", None, print)[1] == "unverified hub id:org/other"
+    assert catalog.hf_model("org/m", None, print) == ("org/m", "hf-revision:0123abc")
+    assert catalog.hf_model("org/other", None, print)[1] == "unverified hub id:org/other"
     # a snapshot of the hub cache links its files to blobs named by their hashes: those names are read
     blobs = tmp_path / "hf-home" / "hub" / "models--org--m" / "blobs"
     blobs.mkdir()
@@ -624,4 +624,4 @@ def test_every_engine_names_the_weights_it_ran_never_an_empty_identity(tmp_path,
     import hashlib as _hashlib
 
     expected = _hashlib.sha256(f"model.safetensors\0{sha}\n".encode()).hexdigest()
-    assert vllm._resolve(str(snap), None, print)[1] == f"files-sha256:{expected}"
+    assert catalog.hf_model(str(snap), None, print)[1] == f"files-sha256:{expected}"

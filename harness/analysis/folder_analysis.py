@@ -142,7 +142,8 @@ class Analysis:
         keys = columns.keys_of(self.compared)
         table = by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties,
                                      flips.per_setting(self.flips, keys))
-        return guarantees.classify(table, guarantees.floors(self.compared, keys), self.answers)
+        return guarantees.classify(table, guarantees.floors(self.compared, keys), self.answers,
+                                   reference=self.reference)
 
     @cached_property
     def slowdown(self) -> pd.DataFrame:
@@ -150,7 +151,8 @@ class Analysis:
         inter-token gaps, a list per run, read only for folders that have runs with the mode on)."""
         rows = self._one_cell_per_setting(self.rows)
         if "batch_invariant" in rows and rows["batch_invariant"].astype(bool).any():
-            rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"], provenance_as_categories=True)
+            rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s", *metrics.START_UP],
+                                          provenance_as_categories=True)
         return metrics.slowdown(rows, self.allow_mixed)
 
     @cached_property

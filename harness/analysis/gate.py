@@ -284,8 +284,31 @@ def evaluate(
             problems.insert(0, f"judged nothing for {', '.join(idle)}: no compared runs (or paired timings, or "
                                "answers) in its selection")
         total = sum(judged.values())
-        verdicts.append(Verdict(label, not problems, _listed(problems) or f"{total} record(s) judged"))
+        said = _listed(problems) or f"{total} record(s) judged{_control(rule, summary)}"
+        verdicts.append(Verdict(label, not problems, said))
     return verdicts
+
+
+#: rule conditions that expect the selected runs to agree (a check of determinism)
+_AGREEING = ("unique_outputs", "match_rate_min", "logprobs_identical_min", "guarantee")
+
+
+def _control(rule: Expectation, summary: pd.DataFrame) -> str:
+    """For a passing rule that expects batch-invariant runs to agree: the negative control, the same
+    selection with the mode off, which must be able to differ, or the check proves nothing about the
+    mode (said, the rule still passes; `divergence_rate_min` makes it a rule of its own)."""
+    if rule.where.get("batch_invariant") is not True or not any(getattr(rule, k) is not None for k in _AGREEING):
+        return ""
+    off = _where(summary, rule.where | {"batch_invariant": False})
+    off = off[off["compared"].fillna(0) > 0] if "compared" in off else off.iloc[0:0]
+    if off.empty:
+        return ("; no negative control here: no run of these settings with the mode off, so nothing shows that "
+                "this check could fail (add batch_invariant: false to the matrix)")
+    diverged, total = int(off["diverged"].fillna(0).sum()), int(off["compared"].sum())
+    if diverged == 0:
+        return (f"; negative control: with the mode off the same settings kept too (0/{total} runs departed), so "
+                "this check cannot tell the mode from its absence here")
+    return f"; negative control: with the mode off {diverged}/{total} runs departed"
 
 
 def junit(verdicts: list[Verdict], suite: str) -> str:

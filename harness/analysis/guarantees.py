@@ -16,6 +16,10 @@ The classes, strongest first; a setting gets the strongest that holds over all i
     undecided     runs depart, and the data can tell neither: not shown within the margin, nor shown to
                   depart more often than the floor (one-sided Fisher exact test, p >= ALPHA)
     diverges      none of the above: no floor to compare with, or shown to depart more often than it
+    mode_ineffective  batch-invariant mode on (by flag), and a run inside a batch is not bitwise the same
+                  prompt's reference run of the same mode (tokens, or log-probabilities where recorded):
+                  the mode did not take effect, whatever the rates. Judged only where the reference
+                  differs from the setting in other axes than batch_invariant (batch size, seed, ...)
 
 A class is what was seen, not a proof: `bound` is the 95% upper bound on the share of runs that
 would break it (prompts as the unit, as in the settings table) where the class claims agreement,
@@ -192,8 +196,10 @@ def _answers_of(answers: pd.DataFrame | None, setting: dict, keys: list[str]) ->
 
 
 def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame | None = None,
-             margin: float = NOISE_MARGIN) -> pd.DataFrame:
-    """`settings` (harness.analysis.by_setting.agreement) with COLUMNS added; `floor`: floors()."""
+             margin: float = NOISE_MARGIN, reference: dict | None = None) -> pd.DataFrame:
+    """`settings` (harness.analysis.by_setting.agreement) with COLUMNS added; `floor`: floors();
+    `reference`: the reference rule's axes (a reference across batch_invariant judges no mode)."""
+    mode_judged = "batch_invariant" not in (reference or {})
     counts = ["compared", "diverged", "floor_compared", "floor_diverged"]
     keys = [k for k in settings.columns if k in floor.columns and k not in counts + ["is_floor", "prompt_id"]]
     out = settings.copy()
@@ -218,6 +224,12 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
         answer = _answers_of(answers, rec, keys)
         if n == 0:
             classes.append(None), evidence.append("no compared runs"), bounds.append(np.nan)
+        elif mode_judged and not is_floor and _on(rec.get("batch_invariant")) and (d > 0 or lp_same < lp_n):
+            classes.append("mode_ineffective")
+            evidence.append(f"batch-invariant mode on, yet {d}/{n} runs over {prompts} prompt(s) depart in tokens and "
+                            f"{lp_n - lp_same}/{lp_n} in log-probabilities from the reference run of the same mode: "
+                            "the mode keeps a batch bitwise, so it did not take effect here")
+            bounds.append(np.nan)
         elif d == 0 and lp_n == n and lp_same == n:
             classes.append("bitwise")
             evidence.append(f"{n}/{n} runs over {prompts} prompt(s) with tokens and log-probabilities bitwise equal "
@@ -250,6 +262,10 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
     for i, column in enumerate(NOISE_COLUMNS):
         out[column] = [figures[i] for figures in noise]
     return out
+
+
+def _on(value: object) -> bool:
+    return value is not None and not pd.isna(value) and bool(value)
 
 
 def holds(found: str | None, wanted: str) -> bool:

@@ -174,15 +174,16 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
     ratio; the median and the spread over pairs are reported. `throughput_ratio` is tokens/s
     with the mode off divided by on (above 1: the mode is slower); `latency_ratio` is the
     request's time to its last token, on divided by off. Engine start and warm-up are not in
-    these timings. Beside them, serving latency on each side over the same pairs, and its ratio on /
-    off: TTFT, ITL, TPOT and E2EL at p50/p90/p99 (harness.analysis.latency; `ttft_s` and `itl_s` are read
-    where the rows have them).
+    these timings: they are shown beside them (`load_s_off` / `_on`: the engine loads', `warmup_s_off`
+    / `_on`: the cells' warm-up batches, medians). Beside them, serving latency on each side over the
+    same pairs, and its ratio on / off: TTFT, ITL, TPOT and E2EL at p50/p90/p99
+    (harness.analysis.latency; `ttft_s` and `itl_s` are read where the rows have them).
     """
     ok = rows[(rows["status"] == "ok") & rows["target_tokens_per_s"].notna()]
     setting = keys_of(rows, drop=["batch_invariant"])
     keys = setting + ["prompt_id", "repeat"]
     cols = keys + ["batch_tokens_per_s", "target_tokens_per_s", "n_tokens"]
-    cols += [c for c in ("ttft_s", "itl_s") if c in ok]
+    cols += [c for c in ("ttft_s", "itl_s", *START_UP) if c in ok]
     cols += [c for c in ["cell_id"] + PROVENANCE_COLUMNS if c in ok]
     off = ok[~ok["batch_invariant"].astype(bool)][cols]
     on = ok[ok["batch_invariant"].astype(bool)][cols]
@@ -194,7 +195,8 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
         refuse_mixed(side["_off"], side["_on"], set(allow_mixed) - {"host"}, "pairing batch-invariant off/on runs",
                      "off", "on")
     if pairs.empty:
-        return pd.DataFrame(columns=setting + ["pairs", "throughput_ratio", "latency_ratio"] + SERVING_COLUMNS)
+        return pd.DataFrame(columns=setting + ["pairs", "throughput_ratio", "latency_ratio"]
+                            + [f"{c}_{side}" for c in START_UP for side in ("off", "on")] + SERVING_COLUMNS)
     pairs["throughput"] = pairs["batch_tokens_per_s_off"] / pairs["batch_tokens_per_s_on"]
     latency_on = pairs["n_tokens_on"] / pairs["target_tokens_per_s_on"]
     latency_off = pairs["n_tokens_off"] / pairs["target_tokens_per_s_off"]
@@ -211,6 +213,9 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
             "latency_ratio_max": g["latency"].max(),
             "tokens_per_s_off": g["batch_tokens_per_s_off"].median(),
             "tokens_per_s_on": g["batch_tokens_per_s_on"].median(),
+            # start-up beside the cost, since the mode changes it too (kernel variants, compile, graphs)
+            **{f"{c}_{side}": g[f"{c}_{side}"].median() if f"{c}_{side}" in pairs else np.nan
+               for c in START_UP for side in ("off", "on")},
         }
     )
     serving = pd.DataFrame.from_dict(
@@ -220,6 +225,8 @@ def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFram
     return pd.concat([out, serving.reindex(columns=SERVING_COLUMNS)], axis=1).reset_index()
 
 
+#: the start-up columns (schema 12) the slowdown shows beside the cost, medians over the pairs' loads and cells
+START_UP = ("load_s", "warmup_s")
 #: the slowdown's latency columns: each metric at each percentile, off, on and their ratio
 SERVING_COLUMNS = [f"{latency.columns(m, p)}_{side}" for m in latency.METRICS for p in latency.PERCENTILES
                    for side in ("off", "on", "ratio")]

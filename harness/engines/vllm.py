@@ -64,6 +64,11 @@ class VllmOptions(EngineOptions):
     extra: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments for vllm.LLM, verbatim")
 
 
+#: where vLLM keeps its batch-invariant mode's switch (`_batch_invariant_MODE`), newest first
+_BATCH_INVARIANT_MODULES = ("vllm.model_executor.determinism.batch_invariant",
+                            "vllm.model_executor.layers.batch_invariant")
+
+
 def _worker_facts(worker: Any) -> dict[str, Any]:
     """Runs inside vLLM's model worker (via collective_rpc): what is really in force there."""
     facts: dict[str, Any] = {}
@@ -73,12 +78,18 @@ def _worker_facts(worker: Any) -> dict[str, Any]:
         facts["env_batch_invariant"] = bool(envs.VLLM_BATCH_INVARIANT)
     except Exception as exc:  # noqa: BLE001 - a fact we could not read is said so
         facts["env_batch_invariant"] = f"unknown ({exc})"
-    try:
-        from vllm.model_executor.determinism import batch_invariant as bi
+    import importlib
 
+    # the mode's switch: vllm.model_executor.determinism from vLLM 0.28 on, model_executor.layers before
+    for where in _BATCH_INVARIANT_MODULES:
+        try:
+            bi = importlib.import_module(where)
+        except ImportError as exc:
+            facts["batch_invariant_kernels"] = f"unknown (no {where}: {exc})"
+            continue
         facts["batch_invariant_kernels"] = bool(getattr(bi, "_batch_invariant_MODE", False))
-    except Exception as exc:  # noqa: BLE001
-        facts["batch_invariant_kernels"] = f"unknown ({exc})"
+        facts["batch_invariant_module"] = where
+        break
     backends = set()
     try:
         for module in worker.model_runner.model.modules():
@@ -142,7 +153,7 @@ class VllmEngine(VllmDoctor, VllmGenerate, Engine):
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
         self.opts = VllmOptions.model_validate(spec.options)
         self.spec = spec
-        self.model_path, self.model_sha256 = _resolve(spec.model, base, log)
+        self.model_path, self.model_sha256 = models.hf_model(spec.model, base, log)
         import vllm
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -237,7 +248,7 @@ class VllmEngine(VllmDoctor, VllmGenerate, Engine):
         """vLLM's speculative_config from the draft_tokens axis and the speculative_* options."""
         config: dict[str, Any] = {"method": self.opts.speculative_method, "num_speculative_tokens": spec.draft_tokens}
         if self.opts.speculative_model:
-            config["model"] = _resolve(self.opts.speculative_model, base, log)[0]
+            config["model"] = models.hf_model(self.opts.speculative_model, base, log)[0]
         elif self.opts.speculative_method == "draft_model":
             raise Unsupported("speculative_method draft_model needs speculative_model (the drafter's weights)")
         return config | self.opts.speculative_extra
@@ -358,20 +369,6 @@ def _max_model_len(model_path: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-
-def _resolve(model: str, base: Path | None, log: Log) -> tuple[str, str]:
-    """A registry name or .gguf -> a Hugging Face export made from it; folders and hub ids pass. With the
-    identity of the weights: the GGUF's sha256, the folder's files' (models.folder_identity), or the
-    hub cache's revision (models.hub_identity); never empty, which would pair with anything."""
-    if model in models.REGISTRY or model.endswith(".gguf"):
-        gguf = models.resolve_gguf(model, base)
-        return str(models.hf_export(gguf, log)), models.file_sha256(gguf)
-    path = Path(model).expanduser()
-    if not path.is_absolute() and base is not None and (base / path).is_dir():
-        path = base / path
-    if path.is_dir():
-        return str(path.resolve()), models.folder_identity(path)
-    return model, models.hub_identity(model)
 
 
 ENGINE = VllmEngine

@@ -122,6 +122,29 @@ def _check_option_axes(
     return out
 
 
+def _include_options(source: yamlsrc.Source, include: list[dict[str, Any]], swept: dict[str, list[str]],
+                     engine_options: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Engine options that an include entry sets and the matrix does not sweep, as axes of one value
+    (the option as engine_options or the engine's default has it), so that the included cell is told
+    apart from the others by a column, not merged with one that lacks the option."""
+    out: dict[str, list[str]] = {}
+    for index, entry in enumerate(include):
+        for key, value in entry.items():
+            if key in AXES or key in swept:
+                continue
+            engine, option = option_axis(key)  # type: ignore[misc]
+            given = engine_options.get(engine) or {}
+            try:
+                options_model(engine).model_validate(given | {option: option_value(key, value)[0]})
+            except ValueError as exc:  # ValidationError is a ValueError
+                msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+                raise ConfigError(f"{source.where(('include', index, key))}: include[{index}].{key}: {msg}") from None
+            if key not in out:
+                field = options_model(engine).model_fields[option]
+                out[key] = [option_value(key, given.get(option, field.get_default(call_default_factory=True)))[1]]
+    return out
+
+
 def load_experiment(path: Path | str, model_files: bool = True) -> LoadedExperiment:
     """Load and fully validate an experiment file; raises ConfigError naming file:line and field.
 
@@ -238,6 +261,7 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
 
     option_axes = _check_option_axes(source, swept, engine_options)
     include = _check_entries(source, "include", experiment.include, option_axes=option_axes)
+    option_axes |= _include_options(source, include, option_axes, engine_options)
     exclude = _check_entries(source, "exclude", experiment.exclude, option_axes=option_axes)
     rules = []
     for index, rule in enumerate(experiment.expect):

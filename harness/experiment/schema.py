@@ -36,6 +36,11 @@ def option_value(name: str, value: Any) -> tuple[Any, str]:
         raise ValueError(f"'{name}' is not an option of engine '{engine}'; allowed: "
                          + ", ".join(f"{engine}.{k}" for k in fields))
     adapter = TypeAdapter(fields[option].rebuild_annotation())
+    if value is None or value == "None":  # null, or its canonical text read back: None where the option takes it
+        try:
+            return adapter.validate_python(None), "None"
+        except ValidationError:
+            pass
     # YAML reads a bare on/off as true/false: an option spelled 'on' / 'off' gets its word back
     tries = [value] + (["on" if value else "off"] if isinstance(value, bool) else [])
     for attempt in tries:
@@ -107,7 +112,7 @@ CONDITIONS = ("unique_outputs", "match_rate_min", "divergence_rate_max", "diverg
               "logprobs_identical_min", "slowdown_max", "latency_ratio_max", "status", "accuracy_drop_max",
               "answer_agreement_min", "confident_flips_max", "guarantee")
 #: guarantee classes, strongest first (harness.analysis.guarantees, which reads them from here)
-GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "undecided", "diverges")
+GUARANTEES = ("bitwise", "same_tokens", "same_answers", "within_noise", "undecided", "diverges", "mode_ineffective")
 
 
 class Expectation(Strict):
@@ -149,7 +154,7 @@ class Expectation(Strict):
         None, gt=0, description="the margin (nats) confident_flips_max counts from; default: the analysis's (2.0)")
     guarantee: Literal[GUARANTEES] | None = Field(  # type: ignore[valid-type]
         None, description="every selected setting keeps at least this class: bitwise, same_tokens, same_answers, "
-        "within_noise, undecided or diverges (strongest first)")
+        "within_noise, undecided, diverges or mode_ineffective (strongest first)")
     noise_margin: float | None = Field(
         None, gt=0, lt=1, description="for guarantee: within_noise, how much more often than the reference "
         "setting's own repeats a setting may depart (a share of runs; default 0.10), shown with 95% confidence")

@@ -186,14 +186,14 @@ def _require(package: str, why: str, extra: str) -> None:
 def hf_export(source: Path, log: Log) -> Path:
     """A Hugging Face folder (float32 safetensors, tokenizer, chat template) made from a GGUF.
 
-    vLLM reads Hugging Face checkpoints; this lets it serve exactly the weights llama.cpp uses.
+    vLLM and transformers read Hugging Face checkpoints; this lets them run exactly the weights llama.cpp uses.
     Made once into the cache (needs `transformers` and `gguf`), then reused.
     """
     target = cache_dir() / f"{source.stem}-{file_sha256(source)[:12]}-hf"
     if (target / "config.json").is_file():
         return target
     for package in ("gguf", "transformers"):
-        _require(package, f"exporting {source.name} for vLLM", "vllm")
+        _require(package, f"exporting {source.name} to a Hugging Face folder (vLLM, transformers)", "vllm")
     log(f"exporting {source.name} to a Hugging Face folder at {target} (once; about 30 s)")
     from harness.models.hf_convert import export
 
@@ -206,3 +206,20 @@ def hf_export(source: Path, log: Log) -> Path:
     else:
         os.replace(tmp, target)
     return target
+
+
+def hf_model(model: str, base: Path | None, log: Log) -> tuple[str, str]:
+    """What an engine that reads Hugging Face checkpoints loads for `model`: a registry name or .gguf
+    -> a Hugging Face export made from it (hf_export); a folder (relative to `base` where it is one
+    there) or a hub id pass. With the identity of the weights: the GGUF's sha256, the folder's files'
+    (folder_identity), or the hub cache's revision (hub_identity); never empty, which would pair with
+    anything."""
+    if model in REGISTRY or model.endswith(".gguf"):
+        gguf = resolve_gguf(model, base)
+        return str(hf_export(gguf, log)), file_sha256(gguf)
+    path = Path(model).expanduser()
+    if not path.is_absolute() and base is not None and (base / path).is_dir():
+        path = base / path
+    if path.is_dir():
+        return str(path.resolve()), folder_identity(path)
+    return model, hub_identity(model)

@@ -211,7 +211,7 @@ def summary_table(summary: pd.DataFrame, title: str, limit: int = TABLE_ROWS) ->
 def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
     shown = varying(cost, keys_of(cost, drop=["batch_invariant"]))
     table = PlainTable(title=title, caption=legend(shown) or None)
-    for col in shown + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x"]:
+    for col in shown + ["pairs", "tok/s off", "tok/s on", "throughput x", "latency x", "start-up s off / on"]:
         table.add_column(SHORT.get(col, col), justify="right")
     for rec in cost.to_dict("records"):
         table.add_row(
@@ -221,8 +221,19 @@ def slowdown_table(cost: pd.DataFrame, title: str) -> Table:
             _fmt(rec["tokens_per_s_on"], "f1"),
             f"{rec['throughput_ratio']:.2f} ({rec['throughput_ratio_min']:.2f}-{rec['throughput_ratio_max']:.2f})",
             f"{rec['latency_ratio']:.2f} ({rec['latency_ratio_min']:.2f}-{rec['latency_ratio_max']:.2f})",
+            _start_up(rec),
         )
     return table
+
+
+def _start_up(rec: dict) -> str:
+    """The engine load plus the cell's warm-up, off / on, in seconds ('-' where not recorded: schema < 12)."""
+    sides = []
+    for side in ("off", "on"):
+        load, warm = rec.get(f"load_s_{side}"), rec.get(f"warmup_s_{side}")
+        known = [v for v in (load, warm) if v is not None and v == v]
+        sides.append(f"{sum(known):.1f}" if known else "-")
+    return " / ".join(sides)
 
 
 def serving_table(cost: pd.DataFrame, title: str) -> Table | None:

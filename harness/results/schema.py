@@ -17,10 +17,11 @@ from harness.results import provenance_fields
 #: 9 cpu_kernels (llama.cpp's CPU kernel path: extra buffer types in use, build features, llamafile);
 #: 10 boot and load_id (the engine load a run came from: cross-boot repeats), python_executable
 #: (the interpreter a worker ran under: the environment axis); 11 the kv_cache_tokens and draft_tokens
-#: axes, preemptions, batch_preemptions, draft_proposed, draft_accepted and itl_s (serving under load: harness.analysis.latency).
+#: axes, preemptions, batch_preemptions, draft_proposed, draft_accepted and itl_s (serving under load: harness.analysis.latency);
+#: 12 load_s and warmup_s (the engine's start-up and the cell's warm-up, shown beside the slowdown).
 #: Older files read back with the newer columns empty, and the newer axes at their defaults (what
 #: those files were run with).
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 #: The row contract (docs/rows.md). Order here is the column order on disk.
 ROW_SCHEMA = pa.schema(
@@ -109,6 +110,10 @@ ROW_SCHEMA = pa.schema(
         ("itl_s", pa.list_(pa.float32())),
         ("decode_s", pa.float64()),
         ("wall_s", pa.float64()),
+        # start-up, outside every timing above: the engine load that made the run (imports, weights,
+        # compile, CUDA graph capture) and its cell's untimed warm-up batch (a batch shape's first use)
+        ("load_s", pa.float64()),
+        ("warmup_s", pa.float64()),
         ("target_tokens_per_s", pa.float64()),
         ("batch_tokens_per_s", pa.float64()),
         # provenance

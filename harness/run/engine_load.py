@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ class EngineLoad:
     engine: Any = None
     error: Exception | None = None
     message: str = ""
+    #: seconds from the engine's construction to its being ready (imports, weights, compile, graph capture)
+    seconds: float | None = None
 
 
 def load_engine(spec: LoadSpec, label: str, reporter: Any, base: Path, log: Path | None) -> EngineLoad:
@@ -36,6 +39,8 @@ def load_engine(spec: LoadSpec, label: str, reporter: Any, base: Path, log: Path
     since = log_size(log)
     try:  # `${NAME}` in the options: filled in from this environment, here and nowhere else
         filled = replace(spec, options=expand(spec.options, dict(os.environ), f"engine_options.{spec.engine}"))
-        return EngineLoad(spec, engine=engine_class(spec.engine)(filled, reporter.log, base))
+        start = time.perf_counter()
+        engine = engine_class(spec.engine)(filled, reporter.log, base)
+        return EngineLoad(spec, engine=engine, seconds=time.perf_counter() - start)
     except Exception as exc:  # noqa: BLE001 - a failed load fails its cells, not the run
         return EngineLoad(spec, error=exc, message=explain(exc, log, since))

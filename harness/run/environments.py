@@ -68,6 +68,17 @@ def refusal(name: str, python: str) -> str | None:
     return None
 
 
+def _environment_of(python: str) -> str:
+    """What a Python runs with: the venv its path lies in (a venv's bin/python is a link to the base
+    interpreter, so two venvs of one Python resolve to one file yet see other packages), else the
+    interpreter file itself."""
+    path = Path(os.path.abspath(python))
+    if (path.parent.parent / "pyvenv.cfg").is_file():
+        return str(path.parent.parent.resolve())
+    return os.path.realpath(path)
+
+
 def is_foreign(python: str) -> bool:
-    """Whether `python` is another interpreter than this one (a spare worker of this one cannot serve it)."""
-    return bool(python) and os.path.realpath(python) != os.path.realpath(sys.executable)
+    """Whether `python` runs in another environment than this process (a spare worker of this one
+    cannot serve it)."""
+    return bool(python) and _environment_of(python) != _environment_of(sys.executable)

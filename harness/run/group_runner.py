@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +38,8 @@ class GroupRunner:
         self.log_path = Path(order.log) if order.log else None
         #: the engine, loaded before the order came (harness.run.ahead); used where its spec is the group's
         self.ahead = ahead
+        #: seconds the group's engine took to load (EngineLoad.seconds), stamped on its rows
+        self.load_s: float | None = None
         # the parent's provenance, but the environment as this worker has it (the engine's variables set)
         prov = provenance.collect() if order.prov is None else order.prov | {"env": provenance.env_json()}
         if order.python:  # another environment: its own interpreter and libraries
@@ -228,9 +231,12 @@ class GroupRunner:
                 if any(self._wanted(r) and not progress.has(prompt.id, r) for _, r in plan.runs)]
         warm = plans[prompt_set.prompts[0].id][0].batch
         since = log_size(self.log_path)  # causes logged from here on explain this cell's failures
+        warmup_s = None
         try:  # warm-up: first use of a batch shape is not timed (with nothing left to run, none)
             if todo:
+                start = time.perf_counter()
                 engine.warm_up(self._texts(engine, cell, warm, context), warm.target_position, sampling)
+                warmup_s = time.perf_counter() - start
         except Exception:  # noqa: BLE001 - the real calls below record what goes wrong
             pass
         for index, (prompt, plan) in enumerate(todo):
@@ -243,6 +249,8 @@ class GroupRunner:
                 "batch_position": pos,
                 "filler_ids": list(batch.filler_ids),
                 "context_tokens_used": context_used,
+                "load_s": self.load_s,
+                "warmup_s": warmup_s,
             } for pos, r in runs]
             texts = self._texts(engine, cell, batch, context)
             try:
@@ -277,6 +285,7 @@ class GroupRunner:
                 load.engine.close()
             load = load_engine(spec, self.order.label, self.reporter, self.loaded.base, self.log_path)
         engine, exc, message = load.engine, load.error, load.message
+        self.load_s = load.seconds
         if exc is not None:  # a failed load fails its cells, not the run
             # Only the engine's own refusal is 'unsupported'; a load that broke (missing or bad
             # file, out of memory, no CUDA) is 'failed', and a rerun tries it again.

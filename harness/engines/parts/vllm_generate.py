@@ -106,6 +106,13 @@ class VllmGenerate:
         sequence = every[target] if members else self._sequence(result)
         preempted = vllm_steps.preemptions(outputs)
         proposed, accepted = vllm_steps.drafts(getattr(result, "spec_decode_metrics", None))
+        unmeasured = {}  # what this vLLM release does not record, said in the row (vLLM 0.27 keeps no preemptions)
+        if preempted[target] is None:
+            unmeasured["preemptions"] = (f"vLLM {self._vllm.__version__} keeps no per-request preemption count "
+                                         "(RequestOutput.metrics.num_preemptions)")
+        if self.spec.draft_tokens and proposed is None:
+            unmeasured["draft_accepted"] = (f"vLLM {self._vllm.__version__} returns no per-request speculative "
+                                            "decoding record (spec_decode_metrics)")
         return BatchOutput(
             target=sequence,
             prompt_tokens=len(inputs[target]["prompt_token_ids"]),
@@ -122,6 +129,7 @@ class VllmGenerate:
             batch_preemptions=None if None in preempted else sum(preempted),
             draft_proposed=proposed,
             draft_accepted=accepted,
+            detail={"not_measured": unmeasured} if unmeasured else {},
         )
 
     def _forced(self, outputs: list[Any], target: int, result: Any, force: list[int], wall: float,

@@ -1,0 +1,126 @@
+"""A batch through transformers' continuous batching: the batch's requests added together to one
+ContinuousBatchingManager (paged KV cache, its own scheduler, a thread of its own), kept for the
+whole load as a server keeps its scheduler (a part of harness.engines.hf_transformers).
+
+The manager samples with one generator for every request, so a draw would depend on the batch-mates:
+only greedy decoding is run. It hands out the chosen tokens' log-probabilities and each token's
+time, not logits: margins are NaN and a logit probe is refused. Prefix sharing between requests
+(`allow_block_sharing`) and the switch to flash attention are turned off, so that the attention
+implementation asked for is the one that runs and no request reuses another's KV.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from harness.engines.base import BatchOutput, Sampling, SequenceOutput, StepObserver, Unsupported
+from harness.engines.parts.end_of_generation import without_end
+
+#: the longest generation the manager is first started for (a cell that asks for more restarts it)
+_FIRST_TOKENS = 256
+#: how long a batch may go without any request finishing before the manager is judged stuck
+_STALL_S = 600.0
+
+
+class HfContinuous:
+    """`generate` for continuous batching, for an engine that holds `model`, `tokenizer`, `_eos`,
+    `pad_id`, `opts` and `prompt_tokens` / `decode_tokens`."""
+
+    _manager: Any = None
+    _manager_tokens = 0
+
+    def _open_continuous(self) -> None:
+        """Start the load's manager (so that what describe() reads, the attention it switched to, is what
+        runs), or refuse a transformers without continuous batching, naming its version."""
+        if not hasattr(self.model, "init_continuous_batching"):
+            raise Unsupported(f"batching continuous: transformers {self._transformers.__version__} has no continuous "
+                              "batching (init_continuous_batching); it came with transformers 4.56")
+        self._start_manager(_FIRST_TOKENS)
+
+    def _start_manager(self, max_tokens: int) -> Any:
+        """The load's manager, started once (again only if a cell asks for more tokens than it was made for)."""
+        if self._manager is not None and max_tokens <= self._manager_tokens:
+            return self._manager
+        self._close_continuous()
+        from transformers import GenerationConfig
+
+        generation = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, pad_token_id=self.pad_id,
+                                      eos_token_id=None if self.opts.ignore_eos else sorted(self._eos))
+        kwargs: dict[str, Any] = {"generation_config": generation}
+        try:
+            from transformers import ContinuousBatchingConfig
+
+            kwargs["continuous_batching_config"] = ContinuousBatchingConfig(
+                return_logprobs=True, allow_block_sharing=False, auto_switch_to_flash=False)
+        except (ImportError, TypeError):  # an older transformers: its defaults, said in the rows' detail
+            self._cb_config = "transformers' defaults (no ContinuousBatchingConfig here)"
+        self._manager = self.model.init_continuous_batching(**kwargs)
+        self._manager.start()
+        self._manager_tokens = max_tokens
+        return self._manager
+
+    def _continuous(self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None,
+                    members: bool) -> BatchOutput:
+        if sampling.temperature > 0:
+            raise Unsupported("batching continuous: transformers' manager draws every request from one generator, so "
+                              "a run's draw would depend on its batch-mates; only greedy (temperature 0) is run")
+        if observe is not None:
+            raise Unsupported(self.logit_probe_unavailable)
+        manager = self._start_manager(sampling.max_tokens)
+        ids = [self.prompt_tokens(p) for p in prompts]
+        t0 = time.perf_counter()
+        names = manager.add_requests(ids, max_new_tokens=sampling.max_tokens, record_timestamps=True)
+        results: dict[str, Any] = {}
+        waited = 0.0
+        while len(results) < len(names):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished() and result.request_id in names:
+                results[result.request_id] = result
+                waited = 0.0
+                continue
+            if not manager.is_running():
+                raise RuntimeError("transformers' continuous-batching manager stopped before the batch finished")
+            waited += 1.0 if result is None else 0.0
+            if waited > _STALL_S:
+                for name in names:
+                    if name not in results:
+                        manager.cancel_request(name)
+                raise RuntimeError(f"no request of the batch finished within {_STALL_S:.0f} s")
+        wall = time.perf_counter() - t0
+        failed = [r.error for r in results.values() if r.error]
+        if failed:
+            raise RuntimeError(f"transformers' continuous batching failed a request: {failed[0]}")
+        outs = [self._sequence(results[name], sampling.max_tokens) for name in names]
+        times = [t - t0 for t in (results[names[target]].timestamps or [])]
+        mine = outs[target]
+        return BatchOutput(
+            target=mine,
+            prompt_tokens=len(ids[target]),
+            prefill_s=None,
+            ttft_s=times[0] if times else None,
+            target_s=times[len(mine.logprobs) - 1] if len(times) >= len(mine.logprobs) > 0 else wall,
+            wall_s=wall,
+            batch_generated_tokens=sum(len(results[n].generated_tokens) for n in names),
+            members=outs if members else [],
+            token_times=times[:len(mine.token_ids)],
+            detail={"continuous_config": getattr(self, "_cb_config", "return_logprobs, no block sharing, "
+                                                  "no switch to flash")},
+        )
+
+    def _sequence(self, result: Any, max_tokens: int) -> SequenceOutput:
+        """One request's output: its tokens without a final end-of-generation one (kept as a step in the
+        log-probabilities, as every engine keeps it), margins unknown."""
+        generated = [int(t) for t in result.generated_tokens]
+        logprobs = [float(x) for x in (result.logprobs or [])] or [math.nan] * len(generated)
+        stopped = bool(generated) and not self.opts.ignore_eos and generated[-1] in self._eos
+        ids, _ = without_end(generated, [], None if self.opts.ignore_eos else self._eos, stopped)
+        finish = "stop" if stopped else "length"
+        return SequenceOutput(ids, self.decode_tokens(ids), finish, logprobs, [math.nan] * len(logprobs),
+                              [self.decode_tokens([t]) for t in ids])
+
+    def _close_continuous(self) -> None:
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager.stop(block=True, timeout=30)
