@@ -81,13 +81,13 @@ def test_batch_one_repeats_are_bitwise_equal(tf_rows):
         assert len({tuple(lp) for lp in runs.logprobs}) == 1
 
 
-def test_padded_batches_and_continuous_batches_agree_on_greedy_tokens_here(tf_rows):
-    """Not a claim about every CPU: on this one, eight greedy tokens of the shipped model do not flip."""
+def test_continuous_runs_pair_with_padded_runs_of_the_same_prompts(tf_rows):
+    """Whether they agree is the CPU's to say (configs/transformers-cpu.yaml measures it); that every
+    continuous run has a padded run of its prompt and repeat to be compared with is the harness's."""
     _, rows = tf_rows
     plain = _plain(rows)
-    by = {k: [tuple(t) for t in g.sort_values(["prompt_id", "repeat"]).token_ids]
-          for k, g in plain.groupby(["batching", "batch_size"])}
-    assert by[("padded", 1)] == by[("continuous", 1)]
+    keys = {k: set(zip(g.prompt_id, g.repeat)) for k, g in plain.groupby(["batching", "batch_size"])}
+    assert keys[("continuous", 1)] == keys[("padded", 1)] and len(keys[("padded", 1)]) == 4
 
 
 def test_the_logit_probe_runs_on_padded_cells_and_says_why_not_on_continuous(tf_rows):
