@@ -7,6 +7,8 @@
 #   scripts/gpu_acceptance.sh [RESULTS_ROOT]        results go to RESULTS_ROOT/acceptance-<GPU or cpu>
 #   ENGINES=llamacpp scripts/gpu_acceptance.sh      only these engines' cells (comma-separated)
 #   ENGINES=transformers scripts/gpu_acceptance.sh  only the transformers run (it needs no build)
+#   ENGINES=vllm scripts/gpu_acceptance.sh          vLLM's batch-invariant part, then the acceptance's vLLM cells
+#   VLLM_BUDGET_S=900                               the vLLM part's hard limit (its results so far are kept)
 #   HARNESS="python -m harness" ...                 how to call the harness (default: harness)
 #
 # Exit code: 0 when every cell ran and every rule held, else 1.
@@ -49,6 +51,15 @@ if [ -n "$gpu" ] && { [ -z "${ENGINES:-}" ] || [ "${ENGINES}" = transformers ]; 
     [ "${ENGINES:-}" = transformers ] && exit "$tf_rc"
 fi
 
+# Then, where vLLM is there: its batch-invariant mode off and on at batch 1, 8 and 32 on the shipped model,
+# timed (scripts/gpu_vllm_batch_invariant.sh).
+vl_rc=0
+vl_out=""
+if [ -n "$gpu" ] && { [ -z "${ENGINES:-}" ] || [ "${ENGINES}" = vllm ]; }; then
+    vl_out="$root/vllm-batch-invariant-$(echo "$gpu" | tr -c 'A-Za-z0-9.\n-' '-')"
+    bash scripts/gpu_vllm_batch_invariant.sh "$vl_out" || vl_rc=1
+fi
+
 mkdir -p "$out"
 "${harness[@]}" doctor "$config" 2>&1 | tee "$out/doctor.txt"
 doctor_rc=${PIPESTATUS[0]}
@@ -77,10 +88,11 @@ echo "another GPU type: run this script on its node, then: harness compare $out 
         echo "gpu: none (CPU subset)"
     fi
     echo "config: $config${ENGINES:+ (ENGINES=$ENGINES)}; HARNESS_NATIVE_PRELOAD=${HARNESS_NATIVE_PRELOAD:-auto}"
-    echo "exit codes: ${tf_out:+transformers $tf_rc, }doctor $doctor_rc, run $run_rc, check $check_rc"
+    echo "exit codes: ${tf_out:+transformers $tf_rc, }${vl_out:+vllm batch-invariant $vl_rc, }doctor $doctor_rc, run $run_rc, check $check_rc"
     grep -E '^ *(MISSING|ok|GPU:|llamacpp|llama-server|vllm)' "$out/doctor.txt" | cut -c1-240
+    [ -n "$vl_out" ] && cat "$vl_out/elapsed.txt" "$vl_out/evidence.txt" 2>/dev/null
     "${harness[@]}" status "$out" 2>&1 | head -n 12
     "${harness[@]}" summarize "$out" 2>/dev/null | grep -E '^(batch_size|[a-z_]+=)' | cut -c1-240
     echo '```'
 } | tee "$out/acceptance-summary.md"
-[ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ] && [ "$tf_rc" -eq 0 ]
+[ "$run_rc" -eq 0 ] && [ "$check_rc" -eq 0 ] && [ "$tf_rc" -eq 0 ] && [ "$vl_rc" -eq 0 ]

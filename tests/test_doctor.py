@@ -121,6 +121,17 @@ def test_real_vllm_probe_says_batch_invariant_mode_cannot_run_on_this_cpu(tmp_pa
     assert "MISSING vllm batch-invariant: needs a CUDA GPU of compute capability 8.0 or more" in done.stdout
 
 
+@pytest.mark.engine  # imports the real vLLM in a child (seconds)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+def test_the_vllm_part_of_the_acceptance_run_stops_where_doctor_says_the_mode_cannot_run(tmp_path):
+    env = fake_nvidia_smi(tmp_path / "bin", "NVIDIA H100 80GB HBM3", "9.0") | {"HARNESS": f"{sys.executable} -m harness"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_vllm_batch_invariant.sh"), str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr  # a stand-in GPU, and vLLM's CPU build: no mode
+    assert "vLLM batch-invariant part skipped: doctor says" in done.stdout
+    assert "MISSING vllm batch-invariant" in done.stdout and not (tmp_path / "out" / "cells").exists()
+
+
 @pytest.mark.parametrize(("printed", "says"), [
     ('print("{cut short"); import sys; sys.stdout.flush()', "the probe's answer is not JSON: '{cut short'"),
     ('print(\'{"version": "1"}\'); print("{noise from a library")', None),

@@ -20,7 +20,7 @@ from harness.experiment.axes import AXES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "harness"
 #: the packages from the ground up: a module may import its own package and those before it
-LAYERS = ("core", "models", "engines", "experiment", "results", "run", "analysis", "report", "cli")
+LAYERS = ("core", "models", "engines", "install", "experiment", "results", "run", "analysis", "report", "cli")
 
 
 def _layer(module: str) -> int | None:
@@ -76,12 +76,13 @@ STAGE_USES = {
     "core": set(),
     "models": set(),
     "engines": {"models"},
+    "install": {"models", "engines"},  # a wheel folder: the model package and the vLLM that pins a torch
     "experiment": {"engines"},  # what each engine declares about the axes and its options
     "results": {"engines", "experiment"},  # rows from engine outputs, columns from the axes
     "run": {"models", "engines", "experiment", "results"},
     "analysis": {"experiment", "results"},
     "report": {"models", "experiment", "results", "analysis"},
-    "cli": {"models", "engines", "experiment", "results", "run", "analysis", "report"},
+    "cli": {"models", "engines", "install", "experiment", "results", "run", "analysis", "report"},
 }
 
 

