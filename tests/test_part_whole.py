@@ -206,3 +206,20 @@ def test_a_dead_worker_or_a_failing_part_ends_the_read_at_once(tmp_path, fn, sai
     with pytest.raises((HarnessError, ValueError), match=said):
         parts.per_part(fn, with_statistics=False)
     assert time.monotonic() - began < 30  # the other part sleeps 60 s: it was not waited for
+
+
+def test_a_worker_the_executor_does_not_watch_is_seen_dead_between_parts():
+    """The executor sees a death only among the workers it watched when it last waited; a worker spawned
+    after that (one per submit) dies unseen until another part ends. The read looks at every worker
+    itself: a dead one ends it, with the signal, while parts are still to come."""
+    from concurrent.futures.process import BrokenProcessPool
+    from types import SimpleNamespace
+
+    from harness.analysis.partitioned import _raise_on_a_dead_worker
+
+    alive, killed = SimpleNamespace(exitcode=None, pid=1), SimpleNamespace(exitcode=-9, pid=2)
+    pool = SimpleNamespace(_processes={1: alive, 2: killed})
+    with pytest.raises(BrokenProcessPool, match="worker process 2 ended \\(killed by signal 9\\)"):
+        _raise_on_a_dead_worker(pool, {"a part still to come"})
+    _raise_on_a_dead_worker(pool, set())  # nothing pending: the pool is ending, a worker gone is no news
+    _raise_on_a_dead_worker(SimpleNamespace(_processes={1: alive}), {"part"})

@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import sys
 import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from functools import cached_property, partial
@@ -40,6 +40,8 @@ STATISTICS = ("summary", "by_setting", "slowdown", "probes", "answers", "surviva
               "flips", "seen")
 #: worker processes at most: each holds a part, so memory grows with them
 MOST_WORKERS = 4
+#: how often a read part by part looks at its workers between parts' ends (seconds)
+WATCH_S = 0.5
 
 
 def _part_tables(analysis: Analysis, names: tuple[str, ...]) -> dict[str, Any]:
@@ -104,9 +106,13 @@ class PartitionedAnalysis(Analysis):
         pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_start_method())
         futures = {pool.submit(fn, piece(cells)): i for i, cells in enumerate(self.parts)}
         found: dict[int, T] = {}
+        pending = set(futures)
         try:
-            for future in as_completed(futures):
-                found[futures[future]] = future.result()
+            while pending:
+                done, pending = wait(pending, timeout=WATCH_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    found[futures[future]] = future.result()
+                _raise_on_a_dead_worker(pool, pending)
         except BrokenProcessPool as broken:
             _stop(pool)
             raise HarnessError(self._died(broken)) from None
@@ -149,6 +155,20 @@ class PartitionedAnalysis(Analysis):
     def latency(self) -> pd.DataFrame:
         return _joined([tables["latency"] for tables in self._map(partial(_part_tables, names=("latency",)))],
                        "latency")
+
+
+def _raise_on_a_dead_worker(pool: ProcessPoolExecutor, pending: set[Any]) -> None:
+    """BrokenProcessPool where a worker has ended while parts are still to come. The executor notices a
+    death itself only among the workers it was watching when it last waited; a worker it started later
+    (spawned workers start one per submit) can die unseen until another part ends, i.e. the read would
+    wait out every other part first."""
+    if not pending:
+        return
+    for worker in list((getattr(pool, "_processes", None) or {}).values()):
+        code = worker.exitcode
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            raise BrokenProcessPool(f"worker process {worker.pid} ended ({how})")
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
