@@ -238,6 +238,44 @@ def test_a_batch_invariant_setting_whose_batches_depart_is_mode_ineffective_not_
     assert done.returncode == 1 and "mode_ineffective" in done.stdout, done.stdout
 
 
+def test_a_run_through_an_engine_whose_flag_does_nothing_is_judged_mode_ineffective(tmp_path):
+    """Issue 56, end to end: a stand-in engine (named as such: it computes nothing) that takes
+    batch_invariant and ignores it, so a batch of more than one moves the last log-probability and keeps
+    the tokens. `harness run` -> `summarize` calls the mode-on batched setting mode_ineffective (the mode-off
+    one only same_tokens), and `check` fails the rule that wants the mode bitwise, saying why."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from .conftest import stand_in_engine
+
+    env = stand_in_engine(
+        tmp_path, "flagless", "it accepts batch_invariant and ignores it, as a mode that never took effect",
+        on_generate=("        moved = 1e-6 * (len(prompts) - 1)\n"
+                     "        out = SequenceOutput([1, 2], 'ab', 'length', [-0.5, -0.25 - moved], [5.0, 5.0], ['a', 'b'])\n"
+                     "        return BatchOutput(out, 2, None, None, 0.001, 0.001, 2)"))
+    (tmp_path / "exp.yaml").write_text(textwrap.dedent("""
+        name: flagless
+        prompts: [{id: a, text: hello}, {id: b, text: there}]
+        fillers: [other]
+        repeats: 2
+        max_tokens: 2
+        matrix: {model: [m], engine: [flagless], batch_size: [1, 4], batch_invariant: [false, true]}
+        expect:
+          - {name: the mode keeps batches bitwise, where: {batch_invariant: true}, guarantee: bitwise}
+        """))
+    ran = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--progress", "plain"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "harness", "summarize", "out", "--what", "settings", "-f", "json"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
+    verdicts = {(r["batch_invariant"], r["batch_size"]): r["guarantee"] for r in json.loads(done.stdout)}
+    assert verdicts[(True, 4)] == "mode_ineffective" and verdicts[(False, 4)] == "same_tokens"
+    gate = subprocess.run([sys.executable, "-m", "harness", "check", "out"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert gate.returncode == 1 and "mode_ineffective" in gate.stdout and "did not take effect" in gate.stdout
+
+
 def test_a_passing_batch_invariant_rule_says_whether_its_negative_control_could_fail(tmp_path):
     """With the mode off, the same settings must be able to depart, or a passing check of the mode
     proves nothing: the verdict says which it is."""

@@ -190,3 +190,18 @@ def test_a_report_entry_lists_its_first_repeat_ranges_and_counts_the_rest():
     scattered = _ranges(list(range(0, 200, 2)))
     assert scattered["repeats"] == [[r, r] for r in range(0, 2 * RANGES_SHOWN, 2)]
     assert scattered["ranges_left_out"] == 100 - RANGES_SHOWN
+
+
+def test_workers_are_sized_by_memory_as_well_as_by_cores():
+    """The report's parts (500,000 rows, about 1.25 GB a worker) take 2 workers within the 4 GB budget
+    however many cores a login node has; the statistics' parts take up to MOST_WORKERS; a machine short of
+    memory now gets fewer; never none."""
+    from harness.analysis.partitioned import MOST_WORKERS, workers_here
+    from harness.analysis.partitions import PART_ROWS, REPORT_PART_ROWS
+
+    gib = 1 << 30
+    assert workers_here(REPORT_PART_ROWS, cpus=16, available=64 * gib) == 2
+    assert workers_here(PART_ROWS, cpus=16, available=64 * gib) == MOST_WORKERS
+    assert workers_here(PART_ROWS, cpus=1, available=64 * gib) == 1
+    assert workers_here(PART_ROWS, cpus=16, available=2 * gib) == 1
+    assert workers_here(REPORT_PART_ROWS, cpus=16, available=gib // 2) == 1

@@ -42,6 +42,15 @@ STATISTICS = ("summary", "by_setting", "slowdown", "probes", "answers", "surviva
 MOST_WORKERS = 4
 #: how often a read part by part looks at its workers between parts' ends (seconds)
 WATCH_S = 0.5
+#: the memory a read part by part may take, the command and its workers together: a campaign's goal
+#: on a login node, whatever its CPU count (docs/measured.md, "Ten million rows on a login node")
+MEMORY_BUDGET = 4 << 30
+#: a worker's memory: its part's rows at the report's pass (the heavier one: 500,000-row parts took about
+#: 1.1 GB a worker, i.e. about 2.2 KB a row), plus the interpreter and imports
+WORKER_BYTES_PER_ROW = 2_200
+WORKER_BASE_BYTES = 150 << 20
+#: the command itself while its workers read: the cell heads, the joined tables, the report's payload
+PARENT_BYTES = 800 << 20
 
 
 def _part_tables(analysis: Analysis, names: tuple[str, ...]) -> dict[str, Any]:
@@ -190,16 +199,37 @@ def _start_method() -> Any:
     return multiprocessing.get_context(method)
 
 
-def workers_here() -> int:
-    """The worker processes this machine gives a campaign: its CPUs (as this process may use them), at most MOST_WORKERS."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MOST_WORKERS, cpus))
+def _available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def workers_here(part_rows: int = partitions.PART_ROWS, cpus: int | None = None,
+                 available: int | None = None) -> int:
+    """The worker processes this machine gives a campaign: its CPUs (as this process may use them), at
+    most MOST_WORKERS, and no more than fit MEMORY_BUDGET (or the memory available now, if less) with
+    parts of `part_rows` rows: on a 16-core login node the report's parts take 2 workers, not 4."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if available is None:
+        available = _available_bytes()
+    memory = min(MEMORY_BUDGET, available) if available else MEMORY_BUDGET
+    fit = (memory - PARENT_BYTES) // (part_rows * WORKER_BYTES_PER_ROW + WORKER_BASE_BYTES)
+    return max(1, min(MOST_WORKERS, cpus, fit))
 
 
 def streamed(analysis: Analysis, budget: int | None = None, workers: int | None = None) -> Analysis:
     """`analysis` as it is where its folder fits one part of `budget` rows (partitions.PART_ROWS);
     else its tables part by part."""
-    parts = partitions.plan(analysis.results, analysis.reference, budget or partitions.PART_ROWS)
+    rows = budget or partitions.PART_ROWS
+    parts = partitions.plan(analysis.results, analysis.reference, rows)
     if len(parts) < 2:
         return analysis
-    return PartitionedAnalysis(analysis, parts, min(len(parts), workers or workers_here()))
+    return PartitionedAnalysis(analysis, parts, min(len(parts), workers or workers_here(rows)))

@@ -242,8 +242,9 @@ class Engine(ABC):
     #: doctor rehearses a load of each of the experiment's models in a process shaped like a run's
     #: worker (harness.run.rehearsal): for engines that load in seconds
     rehearsed: ClassVar[bool] = False
-    #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees)
-    logit_probe_unavailable: ClassVar[str | None] = "this engine does not expose full logit vectors"
+    #: why a logit probe cannot run on this engine; None where it can (probe_scope says what it sees). Read
+    #: per instance: a load may set its own where it refuses the probe (transformers' continuous batching)
+    logit_probe_unavailable: str | None = "this engine does not expose full logit vectors"
     #: why `score` (harness.run.rescore) cannot run on this engine; None where it can
     score_unavailable: ClassVar[str | None] = ("re-scoring needs the log-probability of every given token from "
                                                "one prefill, which this engine does not hand out here "

@@ -54,6 +54,7 @@ class HfContinuous:
 
             kwargs["continuous_batching_config"] = ContinuousBatchingConfig(
                 return_logprobs=True, allow_block_sharing=False, auto_switch_to_flash=False)
+            self._cb_config = "return_logprobs, no block sharing, no switch to flash"
         except (ImportError, TypeError):  # an older transformers: its defaults, said in the rows' detail
             self._cb_config = "transformers' defaults (no ContinuousBatchingConfig here)"
         self._manager = self.model.init_continuous_batching(**kwargs)
@@ -105,8 +106,7 @@ class HfContinuous:
             batch_generated_tokens=sum(len(results[n].generated_tokens) for n in names),
             members=outs if members else [],
             token_times=times[:len(mine.token_ids)],
-            detail={"continuous_config": getattr(self, "_cb_config", "return_logprobs, no block sharing, "
-                                                  "no switch to flash")},
+            detail={"continuous_config": self._cb_config},
         )
 
     def _sequence(self, result: Any, max_tokens: int) -> SequenceOutput:
