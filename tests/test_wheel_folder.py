@@ -101,3 +101,17 @@ def test_the_folder_holds_only_what_the_node_lacked_and_the_node_installed_from_
     for name, version in now.items():  # everything there now was there before or came from the folder
         assert before.get(name) == version or carried.get(name, {}).get("version") == version, name
     assert (Path(FOLDER) / wf.REQUIREMENTS).read_text().count("==") == len(carried)
+
+
+def test_a_build_that_cannot_reach_an_index_says_so_and_leaves_no_half_folder(tmp_path):
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({**_profile(distributions={"torch": "2.13.0+cpu"}), "python_version": "3.11",
+                                "abi": "cp311"}))
+    offline = {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
+               "PIP_EXTRA_INDEX_URL": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
+    done = subprocess.run([sys.executable, "-m", "harness", "wheels", str(tmp_path / "out"), "--node", str(node),
+                           "--vllm", "0.27.0"], capture_output=True, text=True, env={**os.environ, **offline})
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "failed:" in said and "Traceback" not in said, said
+    assert "No matching distribution found for setuptools" in said  # pip's own cause, not its boilerplate
+    assert not (tmp_path / "out").exists()

