@@ -154,6 +154,35 @@ def test_the_cases_issue_54_found_read_alike_part_by_part(tmp_path, case):
     assert parts is not None and len(parts.parts) > 1
 
 
+#: shapes that are one unit each (every cell differs only in a reference axis): cut by prompt
+CUT = {
+    # the product card's first experiment: a batch-size sweep, batch-invariant off and on
+    "batch-size sweep": (Shape(4, 3, (1, 2, 4), (0,), True, True, None, 1, False, 0.5, 4), None),
+    # a reference-axis sweep: every seed and batch size against seed 0 at batch 1
+    "seed and batch size against one cell": (Shape(3, 2, (1, 2), (0, 1), False, False, None, 1, False, 0.5, 5),
+                                             {"seed": 0, "batch_size": 1}),
+    # stale cells and an empty file beside a cut unit
+    "edited sweep read with --all-cells": (Shape(3, 2, (1, 2), (0,), False, False, (2, 4), 2, True, 0.5, 6), None),
+}
+
+
+@pytest.mark.parametrize("case", list(CUT))
+def test_a_unit_over_a_part_is_cut_by_prompt_and_reads_alike(tmp_path, case):
+    shape, reference = CUT[case]
+    parts = assert_parts_equal_whole(build(tmp_path / "results", shape), budget=12, reference=reference)
+    assert parts is not None
+    cut = [part for part in parts.parts if part.prompts is not None]
+    assert len(cut) >= 2 and len({part.cells for part in cut}) == 1  # one unit's cells, its prompts apart
+    assert sorted(p for part in cut for p in part.prompts) == [f"p{i}" for i in range(shape.prompts)]
+
+
+def test_a_prompt_over_a_part_stays_whole(tmp_path):
+    """One prompt is the smallest cut: a unit of one prompt is read whole, however large."""
+    parts = assert_parts_equal_whole(build(tmp_path / "results", Shape(1, 3, (1, 2, 4), (0,), False, False, None, 1,
+                                                                       False, 0.5, 7)), budget=2)
+    assert parts is None or all(part.prompts is None for part in parts.parts)
+
+
 shapes = st.builds(
     Shape,
     prompts=st.integers(1, 3), repeats=st.integers(1, 3),
@@ -223,3 +252,26 @@ def test_a_worker_the_executor_does_not_watch_is_seen_dead_between_parts():
         _raise_on_a_dead_worker(pool, {"a part still to come"})
     _raise_on_a_dead_worker(pool, set())  # nothing pending: the pool is ending, a worker gone is no news
     _raise_on_a_dead_worker(SimpleNamespace(_processes={1: alive}), {"part"})
+
+
+def test_a_part_reads_only_the_row_groups_of_its_prompts(tmp_path, monkeypatch):
+    """A cut part asks a cell file for some prompts: it gets exactly their rows, and reads only the
+    row groups that hold them (the runner writes a prompt's runs together)."""
+    import pyarrow.parquet as pq
+
+    from harness.results import store as store_module
+
+    monkeypatch.setattr(store_module, "ROW_GROUP_ROWS", 4)
+    results = build(tmp_path / "results", Shape(3, 4, (1,), (0,), False, False, None, 1, False, 0.5, 8))
+    (cell,) = results.cell_ids
+    path = results.folder.store.cell_path(cell)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3  # a prompt's 4 runs a group
+    asked = []
+    real = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, groups, **kw: asked.append(list(groups)) or real(self, groups, **kw))
+    whole = results.folder.store.read_rows(["prompt_id", "repeat", "output_hash"], [cell])
+    some = results.folder.store.read_rows(["prompt_id", "repeat", "output_hash"], [cell], prompt_ids=("p2",))
+    assert asked == [[2]]
+    assert some.to_dict("records") == whole[whole["prompt_id"] == "p2"].reset_index(drop=True).to_dict("records")
+    assert results.folder.store.read_rows(["repeat"], [cell], prompt_ids=("p9",)).empty  # nobody's prompt

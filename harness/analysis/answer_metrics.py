@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.divergence import reference_repeats
-from harness.analysis.frames import select_setting
+from harness.analysis.frames import in_run_order, select_setting
 from harness.results.columns import KEY_COLUMNS, keys_of
 
 ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
@@ -33,6 +33,13 @@ ANSWER_ROW_COLUMNS = list(KEY_COLUMNS) + [
     "answer_correct",
 ]
 BOOTSTRAP = 2000
+
+
+def answer_rows(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:
+    """The runs of prompts with a parse rule, with the columns `answer_summary` reads, in run order
+    (every figure relates runs of one prompt: a campaign's parts give these rows, the parent the table)."""
+    mine = rows[rows["prompt_id"].isin(set(prompts)).to_numpy()]
+    return in_run_order(mine[[c for c in dict.fromkeys(keys_of(rows) + ANSWER_ROW_COLUMNS) if c in mine]])
 
 
 def answered(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:

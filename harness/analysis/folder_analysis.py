@@ -24,6 +24,7 @@ from harness.analysis import (
     near_ties,
     survival,
 )
+from harness.analysis.frames import in_run_order
 from harness.experiment import reference_rules
 from harness.results import columns, provenance_fields
 from harness.results.columns import PROBE_COLUMNS
@@ -101,6 +102,15 @@ class Analysis:
                                          self.reference_run)
 
     @cached_property
+    def setting_keys(self) -> list[str]:
+        """The setting columns of the compared runs (columns.keys_of)."""
+        return columns.keys_of(self.compared)
+
+    # Every table is computed from per-run or per-prompt pieces (the names with a leading underscore, and
+    # `summary` and `flips`): a campaign read part by part joins its parts' pieces and computes the tables
+    # from them by this same code (harness.analysis.partitioned), so both reads agree by construction.
+
+    @cached_property
     def summary(self) -> pd.DataFrame:
         """Per cell and prompt: runs, unique outputs, match rate, first divergence, bounds."""
         r = self.results
@@ -108,22 +118,30 @@ class Analysis:
                                  self.reference_run, compared=self.compared)
 
     @cached_property
+    def _survival_counts(self) -> pd.DataFrame:
+        return survival.counts(self.compared)
+
+    @cached_property
     def survival(self) -> pd.DataFrame:
         """Per setting, the share of runs still identical to the reference after t tokens (harness.analysis.survival)."""
-        return survival.curves(self.compared)
+        return survival.from_counts(self._survival_counts)
 
     @cached_property
     def _tie_runs(self) -> pd.DataFrame:
         return near_ties.per_run(self.compared, self.results.margins_for, self.near_tie)
 
     @cached_property
+    def _tie_sums(self) -> pd.DataFrame:
+        return near_ties.sums(self._tie_runs, self.setting_keys)
+
+    @cached_property
     def _tie_counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        return near_ties.count_runs(self._tie_runs, columns.keys_of(self.compared))
+        return near_ties.from_sums(self._tie_sums, self.setting_keys)
 
     @cached_property
     def flips(self) -> pd.DataFrame:
-        """Per departed run: where, the reference's margin there, and its flip class (harness.analysis.flips)."""
-        return flips.per_run(self._tie_runs, columns.keys_of(self.compared), self.near_tie, self.confident)
+        """Per departed run, in run order: where, the reference's margin there, and its flip class (harness.analysis.flips)."""
+        return in_run_order(flips.per_run(self._tie_runs, self.setting_keys, self.near_tie, self.confident))
 
     @property
     def near_ties(self) -> pd.DataFrame:
@@ -136,41 +154,61 @@ class Analysis:
         return self._tie_counts[1]
 
     @cached_property
+    def _floors(self) -> pd.DataFrame:
+        return guarantees.floors(self.compared, self.setting_keys)
+
+    @cached_property
     def by_setting(self) -> pd.DataFrame:
         """Per setting: compared runs, divergence rate with both bounds, survival median, near ties,
         flip classes, and the strongest guarantee class that holds (harness.analysis.guarantees)."""
-        keys = columns.keys_of(self.compared)
         table = by_setting.agreement(self.summary, survival.medians(self.survival), self.near_ties,
-                                     flips.per_setting(self.flips, keys))
-        return guarantees.classify(table, guarantees.floors(self.compared, keys), self.answers,
-                                   reference=self.reference)
+                                     flips.per_setting(self.flips, self.setting_keys))
+        return guarantees.classify(table, self._floors, self.answers, reference=self.reference)
+
+    @cached_property
+    def _slowdown_rows(self) -> pd.DataFrame:
+        rows = self._one_cell_per_setting(self.rows)
+        if "batch_invariant" in rows and rows["batch_invariant"].astype(bool).any():
+            rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s", *metrics.START_UP],
+                                          provenance_as_categories=True)
+        return metrics.slowdown_rows(rows)
 
     @cached_property
     def slowdown(self) -> pd.DataFrame:
         """The batch-invariant mode's cost over paired runs, with serving latency on each side (its
         inter-token gaps, a list per run, read only for folders that have runs with the mode on)."""
-        rows = self._one_cell_per_setting(self.rows)
-        if "batch_invariant" in rows and rows["batch_invariant"].astype(bool).any():
-            rows = self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s", *metrics.START_UP],
-                                          provenance_as_categories=True)
-        return metrics.slowdown(rows, self.allow_mixed)
+        return metrics.slowdown(self._slowdown_rows, self.allow_mixed)
+
+    @cached_property
+    def _latency_rows(self) -> pd.DataFrame:
+        rows = self._one_cell_per_setting(self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"],
+                                                                 provenance_as_categories=True))
+        wanted = columns.keys_of(rows) + ["cell_id", "prompt_id", "repeat", "status", *latency.COLUMNS]
+        return in_run_order(rows[[c for c in dict.fromkeys(wanted) if c in rows]])
 
     @cached_property
     def latency(self) -> pd.DataFrame:
         """Per setting: TTFT, ITL, TPOT and E2EL at p50/p90/p99 and their ratios against the reference
         setting (harness.analysis.latency); reads the runs' inter-token gaps."""
-        rows = self._one_cell_per_setting(self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"],
-                                                                 provenance_as_categories=True))
+        rows = self._latency_rows
         return latency.by_setting(rows, columns.keys_of(rows), self.reference)
 
     @cached_property
+    def _probe_rows(self) -> pd.DataFrame:
+        return metrics.probe_rows(self._one_cell_per_setting(self.rows))
+
+    @cached_property
     def probes(self) -> pd.DataFrame:
-        return metrics.probe_summary(self._one_cell_per_setting(self.rows))
+        return metrics.probe_summary(self._probe_rows)
+
+    @cached_property
+    def _answer_rows(self) -> pd.DataFrame:
+        return answer_metrics.answer_rows(self._one_cell_per_setting(self.rows), self.results.answer_prompts())
 
     @cached_property
     def answers(self) -> pd.DataFrame:
-        return answer_metrics.answer_summary(self._one_cell_per_setting(self.rows), self.results.answer_prompts(),
-                                             self.reference, reference_run=self.reference_run)
+        return answer_metrics.answer_summary(self._answer_rows, self.results.answer_prompts(), self.reference,
+                                             reference_run=self.reference_run)
 
     def _one_cell_per_setting(self, rows: pd.DataFrame) -> pd.DataFrame:
         """`rows`, once no two cells claim one setting and prompt in them (divergence.refuse_twins):
@@ -212,7 +250,7 @@ class Analysis:
                                 if c.id not in on_disk])
         return None if missing.empty else missing.drop_duplicates("cell_id", ignore_index=True)
 
-    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True) -> list[T]:
+    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True, by_cell: bool = True) -> list[T]:
         """`fn` of each part of the folder, in order: here the folder is one part (a campaign's
         Analysis reads it part by part: harness.analysis.partitioned, which computes the statistics
         in the same pass `with_statistics`)."""

@@ -8,6 +8,18 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+#: the columns that name a run: runs sorted by them are in one order however they were read (a whole
+#: folder, or a campaign's parts joined: harness.analysis.partitioned)
+RUN_ORDER = ("cell_id", "prompt_id", "repeat")
+
+
+def in_run_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` (one record per run, or finer) sorted by RUN_ORDER, stably, with a fresh index."""
+    by = [c for c in RUN_ORDER if c in frame]
+    if by and len(frame) > 1:
+        frame = frame.sort_values(by, kind="stable")
+    return frame.reset_index(drop=True)
+
 
 def select_setting(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
     """The rows of one setting; a setting an engine does not have (a swept option of another engine,

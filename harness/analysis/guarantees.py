@@ -166,7 +166,7 @@ def fisher_greater(d1: int, n1: int, d0: int, n0: int) -> float:
 
 
 def floors(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per setting and prompt: the setting's compared and departed runs (`compared`, `diverged`), the
+    """Per setting and prompt, in that order: the setting's compared and departed runs (`compared`, `diverged`), the
     reference setting's own repeats of that prompt against their reference run (`floor_compared`,
     `floor_diverged`), and whether the setting is itself a reference (`is_floor`)."""
     columns = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "prompt_id", "matched", "first_divergence"]))
@@ -183,8 +183,10 @@ def floors(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     pairs["self"] = pairs["cell_id"] == pairs["reference_cell"]
     again = pairs.duplicated(by + ["reference_cell"])  # a reference cell's repeats count once per setting
     pairs["n"], pairs["d"] = pairs["n"].where(~again, 0), pairs["d"].where(~again, 0)
-    out = pairs.groupby(by, dropna=False, sort=False, observed=True).agg(
+    out = pairs.groupby(by, dropna=False, sort=True, observed=True).agg(
         floor_compared=("n", "sum"), floor_diverged=("d", "sum"), is_floor=("self", "all"))
+    # sorted by setting and prompt: a setting's prompts are in one order (the bootstrap's) whatever the
+    # order the rows were read in, a campaign's parts included (harness.analysis.partitioned)
     return out.join(runs).reset_index()
 
 

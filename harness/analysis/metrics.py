@@ -14,6 +14,7 @@ import pandas as pd
 from harness.analysis import latency
 from harness.analysis.bounds import upper95
 from harness.analysis.divergence import against_reference
+from harness.analysis.frames import in_run_order
 from harness.analysis.mixing import PROVENANCE_COLUMNS, refuse_mixed
 from harness.experiment.reference_rules import DEFAULT_REFERENCE
 from harness.results.columns import KEY_COLUMNS, keys_of
@@ -167,6 +168,18 @@ def summarize(
     return out[order].sort_values(group_cols, kind="stable").reset_index(drop=True)
 
 
+def slowdown_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The runs `slowdown` pairs, with the columns it reads, in run order: none where no run has the
+    mode on (nothing pairs). Pairs lie in one prompt's runs, so a campaign's parts give these rows
+    and the parent pairs them as one read would (harness.analysis.partitioned)."""
+    ok = rows[((rows["status"] == "ok") & rows["target_tokens_per_s"].notna()).to_numpy()]
+    if "batch_invariant" not in ok or not ok["batch_invariant"].astype(bool).any():
+        ok = ok.iloc[0:0]
+    wanted = keys_of(rows) + ["cell_id", "prompt_id", "repeat", "status", "batch_tokens_per_s", "target_tokens_per_s",
+                              "n_tokens", "ttft_s", "itl_s", *START_UP, *PROVENANCE_COLUMNS]
+    return in_run_order(ok[[c for c in dict.fromkeys(wanted) if c in ok]])
+
+
 def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFrame:
     """What batch-invariant mode costs: cells that differ only in `batch_invariant`, paired.
 
@@ -230,6 +243,14 @@ START_UP = ("load_s", "warmup_s")
 #: the slowdown's latency columns: each metric at each percentile, off, on and their ratio
 SERVING_COLUMNS = [f"{latency.columns(m, p)}_{side}" for m in latency.METRICS for p in latency.PERCENTILES
                    for side in ("off", "on", "ratio")]
+
+
+def probe_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The probed runs with the columns `probe_summary` reads, in run order (a run's probe is its own:
+    a campaign's parts give these rows and the parent sums them as one read would)."""
+    probed = rows[rows["probe_steps"].notna().to_numpy()] if "probe_steps" in rows else rows.iloc[0:0]
+    wanted = keys_of(rows) + ["cell_id", "prompt_id", "repeat", *PROBE_STAT_COLUMNS]
+    return in_run_order(probed[[c for c in dict.fromkeys(wanted) if c in probed]])
 
 
 def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:

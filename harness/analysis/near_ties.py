@@ -100,9 +100,18 @@ def count(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Serie
 
 def count_runs(runs: pd.DataFrame, keys: list[str], edges: tuple[float, ...] = EDGES) -> tuple[pd.DataFrame, pd.DataFrame]:
     """count() of per_run()'s frame, for a caller that keeps the per-run frame as well."""
+    return from_sums(sums(runs, keys, edges), keys, edges)
+
+
+def sums(runs: pd.DataFrame, keys: list[str], edges: tuple[float, ...] = EDGES) -> pd.DataFrame:
+    """Per setting of per_run()'s frame: the counts every near-tie figure is made of (runs, steps, near
+    ties, flips, per margin bucket too). Whole numbers that add up over disjoint runs, so a campaign's
+    parts give the folder's figures exactly (harness.analysis.partitioned)."""
     labels = bucket_labels(edges)
+    names = ["runs", "runs_without_margins", "steps_at_risk", "near_ties", "flips", "flips_at_near_ties"] + \
+        [f"{what}{b}" for b in range(len(labels)) for what in ("steps", "flips")]
     if runs.empty:
-        return pd.DataFrame(columns=keys + SETTING_COLUMNS), pd.DataFrame(columns=keys + BUCKET_COLUMNS)
+        return pd.DataFrame(columns=keys + names)
     seen = runs["has_margins"].to_numpy()
     flip_bucket = runs["flip_bucket"].to_numpy()
     # one pass over the runs: every per-setting sum is a column summed by setting
@@ -114,8 +123,17 @@ def count_runs(runs: pd.DataFrame, keys: list[str], edges: tuple[float, ...] = E
         parts[f"steps{b}"] = np.where(seen, runs[f"b{b}"], 0.0)
         parts[f"flips{b}"] = (seen & (flip_bucket == b)).astype(float)
     number, known = setting_ids(runs, keys)
-    sums = pd.concat([known, pd.DataFrame(parts).groupby(number).sum().reindex(range(len(known)), fill_value=0)],
+    return pd.concat([known, pd.DataFrame(parts)[names].groupby(number).sum().reindex(range(len(known)), fill_value=0)],
                      axis=1)
+
+
+def from_sums(summed: pd.DataFrame, keys: list[str], edges: tuple[float, ...] = EDGES) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per setting: SETTING_COLUMNS; per setting and margin bucket: BUCKET_COLUMNS) from `sums`, the
+    records of one setting added first (a campaign's parts each give their own)."""
+    labels = bucket_labels(edges)
+    if summed.empty:
+        return pd.DataFrame(columns=keys + SETTING_COLUMNS), pd.DataFrame(columns=keys + BUCKET_COLUMNS)
+    sums = summed.groupby(keys, dropna=False, sort=True, observed=True).sum().reset_index()
     settings = sums[keys].copy()
     for column in ("runs", "runs_without_margins", "steps_at_risk", "near_ties", "flips", "flips_at_near_ties"):
         settings[column] = sums[column].astype(np.int64)

@@ -1,15 +1,18 @@
 """A campaign's statistics part by part (harness.analysis.partitions), in worker processes, joined
 into the tables a whole-folder Analysis gives, value for value.
 
-Each part is analysed by the same code as a small folder (an Analysis of its cells), so there is
-one definition of every statistic; what this module adds is the cutting and the joining. A table
-whose records are per setting (or finer) is the parts' records in setting order: every table but
-`flips` is sorted by its setting columns first, and a setting lies in one part, so a stable sort of
-the joined records on those columns restores the whole-folder order. `flips` lists departed runs
-in the folder's row order: cell files in sorted order, rows as stored.
+Each part is analysed by the same code as a small folder (an Analysis of its cells and prompts), up
+to the pieces every table is computed from (PIECES: per-prompt and per-run frames, and counts that
+add up). The parent joins the parts' pieces and computes every table from them by the Analysis's
+own code, as a whole read does from its own pieces: one definition of every statistic, and a
+setting whose prompts lie in several parts gets the figures of one read. Pieces of runs are joined
+in run order (frames.in_run_order), per-prompt ones in setting and prompt order, as the whole read
+orders its own; counts are whole numbers, whose sums do not depend on the order of adding.
 
-Memory: a worker holds one part at a time (partitions.PART_ROWS rows); the parent holds only the
-tables and the per-run chart records a report needs (_start_method says how workers start).
+Memory: a worker holds one part at a time (partitions.PART_ROWS rows); the parent holds the pieces
+(per cell and prompt, per departed run, and the runs of the few tables that keep them: probes, answer
+prompts, batch-invariant pairs) and the per-run chart records a report needs (_start_method says how
+workers start).
 """
 
 from __future__ import annotations
@@ -25,19 +28,22 @@ from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from harness.analysis import partitions
-from harness.analysis.folder_analysis import Analysis, notes_of
+from harness.analysis.folder_analysis import Analysis
 from harness.core.errors import HarnessError
-from harness.results.columns import keys_of
 
 if TYPE_CHECKING:
     import pandas as pd
 
 T = TypeVar("T")
 
-#: the tables one pass over the parts computes (everything `summarize`, `check` and `--save` show);
-#: latency reads every run's inter-token gaps and has a pass of its own, when asked
-STATISTICS = ("summary", "by_setting", "slowdown", "probes", "answers", "survival", "near_ties", "flips_by_margin",
-              "flips", "seen")
+#: the pieces one pass over the parts computes (everything `summarize`, `check` and `--save` show is
+#: computed from them); latency reads every run's inter-token gaps and has a pass of its own, when asked
+PIECES = ("setting_keys", "summary", "flips", "_survival_counts", "_tie_sums", "_floors", "_probe_rows",
+          "_answer_rows", "_slowdown_rows", "seen")
+#: how the parts' pieces join: by run (frames.in_run_order), sorted by setting then these columns, or
+#: concatenated as they come (counts, added up where the tables are computed)
+BY_RUN = ("flips", "_probe_rows", "_answer_rows", "_slowdown_rows", "_latency_rows")
+BY_SETTING_THEN = {"summary": ["cell_id", "prompt_id"], "_floors": ["prompt_id"]}
 #: worker processes at most: each holds a part, so memory grows with them
 MOST_WORKERS = 4
 #: how often a read part by part looks at its workers between parts' ends (seconds)
@@ -58,62 +64,76 @@ def _part_tables(analysis: Analysis, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(analysis, name) for name in names}
 
 
-def _with_statistics(analysis: Analysis, fn: Callable[[Analysis], T]) -> tuple[T, dict[str, Any]]:
-    """`fn` of one part's Analysis, then its STATISTICS from the same rows (run in a worker)."""
-    return fn(analysis), _part_tables(analysis, STATISTICS)
+def _with_pieces(analysis: Analysis, fn: Callable[[Analysis], T]) -> tuple[T, dict[str, Any]]:
+    """`fn` of one part's Analysis, then its PIECES from the same rows (run in a worker)."""
+    return fn(analysis), _part_tables(analysis, PIECES)
 
 
-def _statistics_of(found: list[dict[str, Any]]) -> dict[str, Any]:
-    """The folder's tables from its parts' STATISTICS; the notes from their distinct values."""
-    tables = {name: _joined([f[name] for f in found], name) for name in STATISTICS if name != "seen"}
-    seen = tuple(list(dict.fromkeys(v for f in found for v in f["seen"][i])) for i in (0, 1))
-    return tables | {"notes": notes_of(*seen)}
+def _pieces_of(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The folder's pieces from its parts' (see the module's docstring)."""
+    keys = found[0]["setting_keys"]
+    out: dict[str, Any] = {"setting_keys": keys}
+    for name in found[0]:
+        if name == "seen":
+            out[name] = tuple(list(dict.fromkeys(v for f in found for v in f[name][i])) for i in (0, 1))
+        elif name != "setting_keys":
+            out[name] = _joined([f[name] for f in found], name, keys)
+    return out
 
 
-def _joined(frames: list[pd.DataFrame], name: str) -> pd.DataFrame:
-    """One table from the parts' pieces, in the whole-folder order (see the module's docstring)."""
+def _joined(frames: list[pd.DataFrame], name: str, keys: list[str]) -> pd.DataFrame:
+    """One piece from the parts' pieces, in the order a whole read gives it (see the module's docstring)."""
     import pandas as pd
 
+    from harness.analysis.frames import in_run_order
+
     present = [f for f in frames if not f.empty]
-    if not present:
-        return frames[0]
-    if len(present) == 1:
-        return present[0]
+    if len(present) < 2:
+        return (present or frames)[0]
     table = pd.concat(present, ignore_index=True)
-    order = ["cell_id"] if name == "flips" else [k for k in keys_of(table) if k in table]
-    return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True) if order else table
+    if name in BY_RUN:
+        return in_run_order(table)
+    if name in BY_SETTING_THEN:
+        order = [k for k in keys if k in table] + BY_SETTING_THEN[name]
+        return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
+    return table
 
 
 class PartitionedAnalysis(Analysis):
-    """An Analysis whose tables are computed part by part in `workers` processes; the per-run frames
-    (`rows`, `compared`, `report_rows`, `paired`) are still the whole folder's, read when asked."""
+    """An Analysis whose tables are computed from pieces computed part by part in `workers` processes;
+    the per-run frames (`rows`, `compared`, `report_rows`, `paired`) are still the whole folder's,
+    read when asked."""
 
-    def __init__(self, analysis: Analysis, parts: list[list[str]], workers: int) -> None:
+    def __init__(self, analysis: Analysis, parts: list[partitions.Part], workers: int) -> None:
         super().__init__(analysis.results, analysis.reference, analysis.allow_mixed, analysis.reference_run,
                          analysis.near_tie, analysis.confident)
         self.parts = parts
         self.workers = workers
 
-    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True) -> list[T]:
+    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True, by_cell: bool = True) -> list[T]:
         """`fn` (a module-level function: it travels to the workers by name) of each part's Analysis, in
-        part order. The first pass `with_statistics` computes them too, from the rows `fn` read: a
-        report reads the folder once."""
-        if "_statistics" in self.__dict__ or not with_statistics:
-            return self._map(fn)
-        found = self._map(partial(_with_statistics, fn=fn))
-        self.__dict__["_statistics"] = _statistics_of([tables for _, tables in found])
+        part order; with `by_cell`, a cut unit's parts are read together (fn's records are per cell).
+        The first pass `with_statistics` computes the pieces too, from the rows `fn` read: a report
+        reads the folder once."""
+        parts = partitions.whole_cells(self.parts) if by_cell else self.parts
+        if "_pieces" in self.__dict__ or not with_statistics:
+            return self._map(fn, parts)
+        found = self._map(partial(_with_pieces, fn=fn), parts)
+        self.__dict__["_pieces"] = _pieces_of([tables for _, tables in found])
         return [value for value, _ in found]
 
-    def _map(self, fn: Callable[[Analysis], T]) -> list[T]:
+    def _map(self, fn: Callable[[Analysis], T], parts: list[partitions.Part] | None = None) -> list[T]:
         """`fn` of each part's Analysis, in part order; one part's rows in memory per worker at a time."""
-        def piece(cells: list[str]) -> Analysis:
-            return Analysis(replace(self.results, cell_ids=cells), self.reference, self.allow_mixed,
-                            self.reference_run, self.near_tie, self.confident)
+        parts = self.parts if parts is None else parts
+
+        def piece(part: partitions.Part) -> Analysis:
+            return Analysis(replace(self.results, cell_ids=list(part.cells), prompt_ids=part.prompts), self.reference,
+                            self.allow_mixed, self.reference_run, self.near_tie, self.confident)
 
         if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
-            return [fn(piece(cells)) for cells in self.parts]
-        pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_start_method())
-        futures = {pool.submit(fn, piece(cells)): i for i, cells in enumerate(self.parts)}
+            return [fn(piece(part)) for part in parts]
+        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(parts)), mp_context=_start_method())
+        futures = {pool.submit(fn, piece(part)): i for i, part in enumerate(parts)}
         found: dict[int, T] = {}
         pending = set(futures)
         try:
@@ -129,41 +149,34 @@ class PartitionedAnalysis(Analysis):
             _stop(pool)  # a part's error ends the command now, not after every other part
             raise
         pool.shutdown()
-        return [found[i] for i in range(len(self.parts))]
+        return [found[i] for i in range(len(parts))]
 
     def _died(self, broken: BaseException) -> str:
         """What to say when a worker process died under a part (the kernel's out-of-memory killer, most often)."""
-        largest = max(len(cells) for cells in self.parts)
+        largest = max(len(part.cells) for part in self.parts)
         return (f"{self.results.root}: a worker process reading this folder part by part died ({broken}); "
                 f"{self.workers} workers read {len(self.parts)} parts of up to {largest} cells each. A worker "
                 "ended by the system is most often out of memory: free memory, or read on a machine with more "
                 "(each worker holds one part of about partitions.PART_ROWS rows)")
 
     @cached_property
-    def _statistics(self) -> dict[str, Any]:
-        return _statistics_of(self._map(partial(_part_tables, names=STATISTICS)))
-
-    summary = cached_property(lambda self: self._statistics["summary"])
-    by_setting = cached_property(lambda self: self._statistics["by_setting"])
-    slowdown = cached_property(lambda self: self._statistics["slowdown"])
-    probes = cached_property(lambda self: self._statistics["probes"])
-    answers = cached_property(lambda self: self._statistics["answers"])
-    survival = cached_property(lambda self: self._statistics["survival"])
-    flips = cached_property(lambda self: self._statistics["flips"])
-    notes = cached_property(lambda self: self._statistics["notes"])
-
-    @property
-    def near_ties(self) -> pd.DataFrame:
-        return self._statistics["near_ties"]
-
-    @property
-    def flips_by_margin(self) -> pd.DataFrame:
-        return self._statistics["flips_by_margin"]
+    def _pieces(self) -> dict[str, Any]:
+        return _pieces_of(self._map(partial(_part_tables, names=PIECES)))
 
     @cached_property
-    def latency(self) -> pd.DataFrame:
-        return _joined([tables["latency"] for tables in self._map(partial(_part_tables, names=("latency",)))],
-                       "latency")
+    def _latency_rows(self) -> pd.DataFrame:
+        found = self._map(partial(_part_tables, names=("_latency_rows",)))
+        return _joined([tables["_latency_rows"] for tables in found], "_latency_rows", [])
+
+
+def _piece(name: str) -> cached_property:
+    """An attribute of the folder's joined pieces: the Analysis's tables are computed from it."""
+    return cached_property(lambda self: self._pieces[name])
+
+
+for _name in PIECES:  # each piece from the joined pieces, never from the folder's rows
+    setattr(PartitionedAnalysis, _name, _piece(_name))
+    getattr(PartitionedAnalysis, _name).__set_name__(PartitionedAnalysis, _name)
 
 
 def _raise_on_a_dead_worker(pool: ProcessPoolExecutor, pending: set[Any]) -> None:

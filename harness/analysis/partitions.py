@@ -2,10 +2,14 @@
 with no part needing another's rows.
 
 Every statistic relates a run to runs of its own setting, of its reference setting (the same
-settings but the `--reference` axes) or of its batch-invariant twin (`slowdown`). So the cells whose
-settings are equal but for the reference axes and batch_invariant form a closed unit: its
-statistics are the same whether it is read alone or with the rest of the folder. Units are
-packed into parts of about `budget` rows (a unit larger than that stays whole). A cell's axes
+settings but the `--reference` axes) or of its batch-invariant twin (`slowdown`), always of the same
+prompt. So the cells whose settings are equal but for the reference axes and batch_invariant form a
+closed unit, and so does any set of prompts within it: every comparison a part makes finds its
+reference runs inside the part. Units are packed into parts of about `budget` rows; a unit larger
+than that (a batch-size sweep, a reference-axis sweep) is cut into parts of its prompts, each part all
+of the unit's cells restricted to some of its prompts (a single prompt larger than `budget` stays
+whole). The tables are computed from the parts' per-run and per-prompt pieces
+(harness.analysis.partitioned), so cutting a setting's prompts apart changes no figure. A cell's axes
 and rows come from its own file (its first row and footer), current and stale cells alike, by
 one definition (`unit_key`). Engine options and max_tokens are left out of a unit's key: a unit
 may be larger than it needs to be, never smaller.
@@ -14,6 +18,7 @@ may be larger than it needs to be, never smaller.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from harness.experiment.axes import AXES
@@ -54,6 +59,14 @@ def unit_key(setting: dict[str, Any], reference: dict[str, Any]) -> tuple:
                  if axis not in PAIRING_AXES and axis not in reference)
 
 
+@dataclass(frozen=True)
+class Part:
+    """The cells a part reads, and of their rows only those of `prompts` (None: all of them)."""
+
+    cells: tuple[str, ...]
+    prompts: tuple[str, ...] | None = None
+
+
 def cell_sizes(results: Results) -> list[tuple[str, dict[str, Any] | None, int]]:
     """Per cell read, in file order: (cell id, the axes of its first row or None for a file without
     rows, its rows). Read from the files themselves (a few hundred bytes each: their footers and
@@ -64,13 +77,14 @@ def cell_sizes(results: Results) -> list[tuple[str, dict[str, Any] | None, int]]
             for record in heads.to_dict("records")]
 
 
-def plan(results: Results, reference: dict[str, Any], budget: int = PART_ROWS) -> list[list[str]]:
+def plan(results: Results, reference: dict[str, Any], budget: int = PART_ROWS) -> list[Part]:
     """The cells of `results` in parts of closed units, each part's cells in file order; one part
-    when everything fits `budget` rows. A file without rows is related to nothing: it joins the
-    first part."""
+    when everything fits `budget` rows. A unit over `budget` is cut by prompt (whole_cells puts it
+    back together for a reader whose records are per cell). A file without rows is related to
+    nothing: it joins the first part."""
     cells = cell_sizes(results)
     if sum(rows for _, _, rows in cells) <= budget:
-        return [list(results.cell_ids)]
+        return [Part(tuple(results.cell_ids))]
     units: dict[tuple, list[str]] = {}
     empty: list[str] = []
     sizes = {cell_id: rows for cell_id, _, rows in cells}
@@ -79,14 +93,45 @@ def plan(results: Results, reference: dict[str, Any], budget: int = PART_ROWS) -
             empty.append(cell_id)
         else:
             units.setdefault(unit_key(setting, reference), []).append(cell_id)
-    parts: list[list[str]] = [list(empty)]
+    order = {c: i for i, c in enumerate(results.cell_ids)}
+    packed: list[list[str]] = [list(empty)]
+    cut: list[Part] = []
     filled = 0
     for members in units.values():
         size = sum(sizes[c] for c in members)
+        if size > budget:
+            cut += _by_prompt(results, sorted(members, key=order.__getitem__), budget)
+            continue
+        if filled and filled + size > budget:
+            packed.append([])
+            filled = 0
+        packed[-1].extend(members)
+        filled += size
+    whole = [Part(tuple(sorted(part, key=order.__getitem__))) for part in packed if part]
+    return whole + cut
+
+
+def _by_prompt(results: Results, cells: list[str], budget: int) -> list[Part]:
+    """One unit's cells in parts of its prompts, each about `budget` rows (a prompt stays in one part),
+    prompts in the order the files hold them: a part then reads few of a large file's row groups."""
+    prompts = results.folder.store.read_rows(["prompt_id"], cells)["prompt_id"]
+    counts = prompts.value_counts(sort=False)
+    parts: list[list[str]] = [[]]
+    filled = 0
+    for prompt, size in counts.items():
         if filled and filled + size > budget:
             parts.append([])
             filled = 0
-        parts[-1].extend(members)
-        filled += size
-    order = {c: i for i, c in enumerate(results.cell_ids)}
-    return [sorted(part, key=order.__getitem__) for part in parts if part]
+        parts[-1].append(str(prompt))
+        filled += int(size)
+    if len(parts) < 2:
+        return [Part(tuple(cells))]
+    return [Part(tuple(cells), tuple(chosen)) for chosen in parts]
+
+
+def whole_cells(parts: list[Part]) -> list[Part]:
+    """`parts` with the parts of one cut unit put back together (a reader whose records are per cell)."""
+    out: dict[tuple[str, ...], Part] = {}
+    for part in parts:
+        out.setdefault(part.cells, Part(part.cells))
+    return list(out.values())

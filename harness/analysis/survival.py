@@ -44,12 +44,41 @@ def times(compared: pd.DataFrame) -> pd.DataFrame:
     return judged.assign(time=time.astype(np.int64), event=event)
 
 
-def _curves(group: np.ndarray, time: np.ndarray, event: np.ndarray) -> pd.DataFrame:
-    """Every group's curve at once (a million runs over hundreds of settings in one pass): the
-    `group` column, then CURVE_COLUMNS, each group's rows from t = 0 on."""
-    counts = (pd.DataFrame({"group": group, "tokens": time, "event": event.astype(np.int64)})
-              .groupby(["group", "tokens"], sort=True).agg(ended=("event", "size"), departed=("event", "sum"))
-              .reset_index())
+def counts(compared: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and time: the compared runs that ended there (`ended`) and those of them that
+    departed (`departed`). Counts of disjoint runs add up, so a campaign's parts give the folder's
+    curves exactly (harness.analysis.partitioned): `curves` is `from_counts` of these."""
+    keys = keys_of(compared)
+    runs = times(compared)
+    if runs.empty:
+        return pd.DataFrame(columns=keys + ["tokens", "ended", "departed"])
+    group, settings = setting_ids(runs, keys)
+    per = (pd.DataFrame({"group": group, "tokens": runs["time"].to_numpy(), "event": runs["event"].to_numpy(np.int64)})
+           .groupby(["group", "tokens"], sort=True).agg(ended=("event", "size"), departed=("event", "sum"))
+           .reset_index())
+    front = settings.iloc[per["group"].to_numpy()].reset_index(drop=True)
+    return pd.concat([front, per[["tokens", "ended", "departed"]]], axis=1)
+
+
+def from_counts(counted: pd.DataFrame) -> pd.DataFrame:
+    """One curve per setting of `counts` (rows of the same setting and time added first), in long form:
+    the setting's keys, then CURVE_COLUMNS, each setting from t = 0 on."""
+    keys = [c for c in counted.columns if c not in ("tokens", "ended", "departed")]
+    if counted.empty:
+        return pd.DataFrame(columns=keys + CURVE_COLUMNS)
+    summed = (counted.groupby(keys + ["tokens"], dropna=False, sort=True, observed=True)[["ended", "departed"]]
+              .sum().reset_index())
+    group = summed.groupby(keys, dropna=False, sort=True, observed=True).ngroup().to_numpy()
+    settings = summed.loc[~pd.Series(group).duplicated().to_numpy(), keys].reset_index(drop=True)
+    out = _curves(group, summed["tokens"].to_numpy(np.int64), summed["ended"].to_numpy(np.int64),
+                  summed["departed"].to_numpy(np.int64))
+    return pd.concat([settings.iloc[out["group"].to_numpy()].reset_index(drop=True), out[CURVE_COLUMNS]], axis=1)
+
+
+def _curves(group: np.ndarray, time: np.ndarray, ended: np.ndarray, departed_at: np.ndarray) -> pd.DataFrame:
+    """Every group's curve at once (hundreds of settings in one pass) from its runs ended and departed
+    per time (`group` sorted, times sorted within it): the `group` column, then CURVE_COLUMNS."""
+    counts = pd.DataFrame({"group": group, "tokens": time, "ended": ended, "departed": departed_at})
     by = counts.groupby("group", sort=False)
     at_risk = (by["ended"].transform("sum") - by["ended"].cumsum() + counts["ended"]).to_numpy(dtype=float)
     departed = counts["departed"].to_numpy(dtype=float)
@@ -69,7 +98,7 @@ def _curves(group: np.ndarray, time: np.ndarray, event: np.ndarray) -> pd.DataFr
                          "censored": (counts["ended"] - counts["departed"]).to_numpy(), "identical": survive,
                          "low": low, "high": high})
     # t = 0 stands for the step up to the first time: S is 1 there, known from all of the group's runs
-    sizes = pd.Series(group).value_counts().sort_index()
+    sizes = counts.groupby("group", sort=True)["ended"].sum()
     head = pd.DataFrame({"group": sizes.index, "tokens": 0, "at_risk": sizes.to_numpy(), "departed": 0, "censored": 0,
                          "identical": 1.0, "low": 0.025 ** (1.0 / sizes.to_numpy()), "high": 1.0})
     out = pd.concat([head, body[body["tokens"] > 0]], ignore_index=True)
@@ -79,13 +108,7 @@ def _curves(group: np.ndarray, time: np.ndarray, event: np.ndarray) -> pd.DataFr
 def curves(compared: pd.DataFrame) -> pd.DataFrame:
     """One curve per setting (the compared runs' keys, all prompts together), in long form: the
     setting's keys, then CURVE_COLUMNS."""
-    keys = keys_of(compared)
-    runs = times(compared)
-    if runs.empty:
-        return pd.DataFrame(columns=keys + CURVE_COLUMNS)
-    group, settings = setting_ids(runs, keys)
-    out = _curves(group, runs["time"].to_numpy(), runs["event"].to_numpy())
-    return pd.concat([settings.iloc[out["group"].to_numpy()].reset_index(drop=True), out[CURVE_COLUMNS]], axis=1)
+    return from_counts(counts(compared))
 
 
 def medians(curve_frame: pd.DataFrame) -> pd.DataFrame:

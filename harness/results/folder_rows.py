@@ -24,6 +24,8 @@ class Results:
     cell_ids: list[str]  # the cells read (present on disk)
     stale: list[str]  # cells on disk left out (or read, with all_cells)
     all_cells: bool
+    #: only the rows of these prompts (a campaign's part: harness.analysis.partitions); None: every row
+    prompt_ids: tuple[str, ...] | None = None
 
     @property
     def root(self) -> Path:
@@ -35,11 +37,11 @@ class Results:
         return list(dict.fromkeys(a for e in self.experiments for a in e.option_axes))
 
     def read_rows(self, columns: list[str] | None = None, provenance_as_categories: bool = False) -> pd.DataFrame:
-        """The rows of the chosen cells; `columns` plus the swept option columns (None: every column).
+        """The rows of the chosen cells (and prompts); `columns` plus the swept option columns (None: every column).
         `provenance_as_categories`: see Store.read_rows."""
         if columns is not None:
             columns = list(dict.fromkeys(columns + self.option_axes))
-        return self.folder.store.read_rows(columns, self.cell_ids, provenance_as_categories)
+        return self.folder.store.read_rows(columns, self.cell_ids, provenance_as_categories, self.prompt_ids)
 
     def restricted(self, where: dict[str, Any], option: str = "--where") -> Results:
         """These results read as the cells whose settings equal `where` alone (one folder as both
@@ -59,16 +61,16 @@ class Results:
         return replace(self, cell_ids=[c for c in self.cell_ids if c in keep])
 
     def tokens_for(self, hashes: set[str]) -> dict[str, list[int]]:
-        return self.folder.store.tokens_for(hashes, self.cell_ids)
+        return self.folder.store.tokens_for(hashes, self.cell_ids, self.prompt_ids)
 
     def texts_for(self, hashes: set[str]) -> dict[str, list[str]]:
-        return self.folder.store.texts_for(hashes, self.cell_ids)
+        return self.folder.store.texts_for(hashes, self.cell_ids, self.prompt_ids)
 
     def whole_texts_for(self, hashes: set[str]) -> dict[str, str]:
-        return self.folder.store.whole_texts_for(hashes, self.cell_ids)
+        return self.folder.store.whole_texts_for(hashes, self.cell_ids, self.prompt_ids)
 
     def logprobs_for(self, hashes: set[str]) -> dict[str, list[float]]:
-        return self.folder.store.logprobs_for(hashes, self.cell_ids)
+        return self.folder.store.logprobs_for(hashes, self.cell_ids, self.prompt_ids)
 
     def margins_for(self, runs: pd.DataFrame) -> pd.Series:
         """Each given run's per-step top-2 margins (None where not recorded), read for those runs only."""

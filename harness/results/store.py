@@ -18,7 +18,9 @@ from harness.results.store_reading import StoreReading, rows_at
 if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` starts faster
     pass
 
-
+#: rows per Parquet row group of a cell file: a campaign's part that reads some prompts of a large cell
+#: reads only the groups that hold them (store_reading._rows_of_prompts); smaller cells are one group
+ROW_GROUP_ROWS = 65_536
 
 
 def _mtime(path: Path) -> float:
@@ -124,7 +126,7 @@ class Store(StoreReading):
         if landing is not None:
             schema = schema.with_metadata({LANDING_KEY: json.dumps(landing, sort_keys=True)})
         table = pa.Table.from_pylist(rows, schema=schema)
-        return self.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+        return self.atomic_write(path, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS))
 
     # -- checkpoints: the finished batches of a cell still running, under partial/<cell_id>/ --------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -102,8 +102,9 @@ def _file_by_file(read: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         return list(pool.map(read, items))
 
 
-def _read_cell_file(path: Path, wanted: list[str] | None) -> pa.Table:
-    """One cell file's `wanted` columns (all when None), its texts dictionary-encoded, later axes filled."""
+def _read_cell_file(path: Path, wanted: list[str] | None, prompt_ids: Sequence[str] | None = None) -> pa.Table:
+    """One cell file's `wanted` columns (all when None), its texts dictionary-encoded, later axes filled;
+    only the rows of `prompt_ids` where given (a campaign's part: harness.analysis.partitions)."""
     footer = readable(path)
     schema = footer.schema_arrow
     names = set(schema.names)
@@ -112,9 +113,43 @@ def _read_cell_file(path: Path, wanted: list[str] | None) -> pa.Table:
     # and provenance in every row, and each distinct value is then one Python string
     chosen = names if present is None else set(present)
     text = [f.name for f in schema if f.name in chosen and pa.types.is_string(f.type)]
-    table = pq.ParquetFile(path, read_dictionary=text, metadata=footer.metadata).read(columns=present)
+    if prompt_ids is not None and "prompt_id" in names:
+        text = list(dict.fromkeys(text + ["prompt_id"]))  # its ids compared once each (_rows_of_prompts)
+    handle = pq.ParquetFile(path, read_dictionary=text, metadata=footer.metadata)
+    if prompt_ids is None:
+        table = handle.read(columns=present)
+    else:
+        table = _rows_of_prompts(handle, present, prompt_ids)
     _refuse_newer(path, table)
     return _encoded(_with_later_axes(table, wanted))
+
+
+def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_ids: Sequence[str]) -> pa.Table:
+    """The rows of `prompt_ids` in one cell file, reading only the row groups that hold any (a file's
+    runs of a prompt lie together as the runner writes them, in groups of Store.ROW_GROUP_ROWS)."""
+    import numpy as np
+
+    values = pa.array(list(prompt_ids), pa.string())
+
+    def among(prompts: pa.Array) -> np.ndarray:
+        if pa.types.is_dictionary(prompts.type):  # the few distinct ids compared, not a string per row
+            known = np.append(pc.is_in(prompts.dictionary, value_set=values).to_numpy(zero_copy_only=False), False)
+            return known[pc.fill_null(prompts.indices, -1).to_numpy(zero_copy_only=False)]
+        return pc.is_in(prompts, value_set=values).to_numpy(zero_copy_only=False)
+
+    chunks = handle.read(columns=["prompt_id"], use_threads=False).column(0).chunks
+    wanted = np.concatenate([among(c) for c in chunks]) if chunks else np.zeros(0, dtype=bool)
+    sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.metadata.num_row_groups)]
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + size)
+    groups = [i for i in range(len(sizes)) if wanted[starts[i]:starts[i + 1]].any()]
+    if not groups:
+        return handle.schema_arrow.empty_table().select(present) if present is not None else \
+            handle.schema_arrow.empty_table()
+    table = handle.read_row_groups(groups, columns=present)
+    keep = np.concatenate([wanted[starts[i]:starts[i + 1]] for i in groups])
+    return table.filter(pa.array(keep))
 
 
 def rows_at(path: Path) -> list[dict[str, Any]]:
@@ -132,19 +167,20 @@ class StoreReading:
     """The reading half of Store (harness.results.store), for a class with `cell_files` and `cell_path`."""
 
     def read_rows(self, columns: list[str] | None = None, cell_ids: Iterable[str] | None = None,
-                  provenance_as_categories: bool = False) -> pd.DataFrame:
+                  provenance_as_categories: bool = False, prompt_ids: Sequence[str] | None = None) -> pd.DataFrame:
         """Every row of the finished cells (all, or the given ids), one DataFrame (empty with the schema if none).
 
         With `provenance_as_categories`, the WHERE_MADE columns are pandas categoricals (for readers
         that only group, compare and list them); every other text column holds Python strings.
 
         A file written by a newer schema version is refused, never read with its new columns dropped.
+        `prompt_ids`: only the rows of these prompts (None: every row).
         """
         files = self.cell_files(cell_ids)
         if not files:
             return ROW_SCHEMA.empty_table().to_pandas()[columns or ROW_SCHEMA.names]
         wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-        tables = _file_by_file(lambda path: _read_cell_file(path, wanted), files)
+        tables = _file_by_file(lambda path: _read_cell_file(path, wanted, prompt_ids), files)
         frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas(),
                                 keep=WHERE_MADE if provenance_as_categories else ())
         names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
@@ -171,28 +207,34 @@ class StoreReading:
 
         return pd.DataFrame(_file_by_file(head, self.cell_files(cell_ids)), columns=["cell_id", "rows", *columns])
 
-    def tokens_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[int]]:
+    def tokens_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None,
+                    prompt_ids: Sequence[str] | None = None) -> dict[str, list[int]]:
         """Token ids of the outputs with these hashes (one row each), read without loading all."""
-        return self._lists_for("output_hash", "token_ids", hashes, cell_ids)
+        return self._lists_for("output_hash", "token_ids", hashes, cell_ids, prompt_ids)
 
-    def texts_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
+    def texts_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None,
+                   prompt_ids: Sequence[str] | None = None) -> dict[str, list[str]]:
         """Each token of the outputs with these hashes decoded on its own (empty where not recorded)."""
-        return self._lists_for("output_hash", "token_texts", hashes, cell_ids)
+        return self._lists_for("output_hash", "token_texts", hashes, cell_ids, prompt_ids)
 
-    def whole_texts_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, str]:
+    def whole_texts_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None,
+                         prompt_ids: Sequence[str] | None = None) -> dict[str, str]:
         """The decoded text of the outputs with these hashes."""
-        return self._lists_for("output_hash", "text", hashes, cell_ids)
+        return self._lists_for("output_hash", "text", hashes, cell_ids, prompt_ids)
 
-    def logprobs_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None) -> dict[str, list[float]]:
+    def logprobs_for(self, hashes: set[str], cell_ids: Iterable[str] | None = None,
+                      prompt_ids: Sequence[str] | None = None) -> dict[str, list[float]]:
         """Per-step log-probabilities with these logprobs_hash values (one row each)."""
-        return self._lists_for("logprobs_hash", "logprobs", hashes, cell_ids)
+        return self._lists_for("logprobs_hash", "logprobs", hashes, cell_ids, prompt_ids)
 
-    def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None) -> dict[str, Any]:
+    def _lists_for(self, key: str, column: str, hashes: set[str], cell_ids: Iterable[str] | None,
+                   prompt_ids: Sequence[str] | None = None) -> dict[str, Any]:
         """`column` of one row per wanted `key` value, file by file until every value is found.
 
         A million rows of a few distinct outputs read the key column and one row per output,
         never every row's list. A value found only in files without `column` (an older schema)
-        maps to None.
+        maps to None. With `prompt_ids` (a campaign's part), only the row groups of those prompts
+        are read: a hash of their runs is found among them, and its list is the same in any row.
         """
         import numpy as np
 
@@ -204,7 +246,15 @@ class StoreReading:
             handle = readable(path)
             if key not in handle.schema_arrow.names:
                 continue
-            keys = handle.read(columns=[key]).column(0)
+            if prompt_ids is not None and "prompt_id" in handle.schema_arrow.names:
+                handle = pq.ParquetFile(path, read_dictionary=["prompt_id"], metadata=handle.metadata)
+
+                def read(name: str, handle: pq.ParquetFile = handle) -> pa.ChunkedArray:
+                    return _rows_of_prompts(handle, [name], prompt_ids).column(0)
+            else:
+                def read(name: str, handle: pq.ParquetFile = handle) -> pa.ChunkedArray:
+                    return handle.read(columns=[name]).column(0)
+            keys = read(key)
             index = pc.fill_null(pc.index_in(keys, value_set=pa.array(sorted(remaining), pa.string())), -1)
             index = index.to_numpy()
             rows = np.flatnonzero(index >= 0)
@@ -215,7 +265,7 @@ class StoreReading:
             if column not in handle.schema_arrow.names:
                 out.update((h, out.get(h)) for h in found)
                 continue
-            values = handle.read(columns=[column]).column(0).take(pa.array(first)).to_pylist()
+            values = read(column).take(pa.array(first)).to_pylist()
             out.update(zip(found, values))
             remaining.difference_update(found)
         return out

@@ -85,8 +85,11 @@ def probe_child(model: Path, threads: int, timeout_s: float = 300) -> Probe:
     """llama-cpp-python's probe: a child that loads `model` and decodes a batch of 2 with long prefills."""
     def run(use_extra: bool) -> tuple[int, str]:
         try:
+            from harness.engines.parts.server_process import die_with_parent
+
             done = subprocess.run([sys.executable, "-m", "harness.engines.parts.kernel_probe", str(model),
-                                   "on" if use_extra else "off", str(threads)], capture_output=True, timeout=timeout_s)
+                                   "on" if use_extra else "off", str(threads)], capture_output=True, timeout=timeout_s,
+                                  preexec_fn=die_with_parent(os.getpid()))  # ends with the process that probes
         except subprocess.TimeoutExpired:
             return 124, ""
         return done.returncode, ""

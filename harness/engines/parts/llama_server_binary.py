@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.core.log import Log
 from harness.engines.parts import cpu_kernels
-from harness.engines.parts.server_process import free_port, get_json, post_concurrently
+from harness.engines.parts.server_process import die_with_parent, free_port, get_json, post_concurrently
 from harness.models import catalog as models
 
 
@@ -28,8 +28,9 @@ def server_probe(binary: str, model: Path, threads: int | None, timeout_s: float
                 "-ngl", "0", "--no-webui", "-v", *(["-t", str(threads)] if threads else []),
                 *([] if use_extra else ["--no-repack"])]
         with tempfile.TemporaryFile() as out:
+            # killed with the process that probes (a `harness run` ended by SIGKILL leaves no server)
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
             try:
                 code = _probe_server(proc, f"http://127.0.0.1:{port}", timeout_s)
             finally:

@@ -136,7 +136,7 @@ async def _post_all(url: str, bodies: list[dict[str, Any]], timeout: float, head
     return Concurrent(list(answers), spans, time.perf_counter() - t0)
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
+def die_with_parent(parent: int) -> Callable[[], None]:
     """A preexec function: the child gets SIGKILL when its parent dies (Linux PR_SET_PDEATHSIG), and
     ends at once if the parent is already gone. Resolved before the fork, so the child only calls it."""
     try:
@@ -182,7 +182,7 @@ class ManagedServer:
             # the worker that started it dies, however that happens (SIGKILL included).
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         try:
             self._wait_healthy(startup_timeout_s)
