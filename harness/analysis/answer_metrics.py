@@ -39,7 +39,7 @@ def answer_rows(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:
     """The runs of prompts with a parse rule, with the columns `answer_summary` reads, in run order
     (every figure relates runs of one prompt: a campaign's parts give these rows, the parent the table)."""
     mine = rows[rows["prompt_id"].isin(set(prompts)).to_numpy()]
-    return in_run_order(mine[[c for c in dict.fromkeys(keys_of(rows) + ANSWER_ROW_COLUMNS) if c in mine]])
+    return in_run_order(mine, keys_of(rows) + ANSWER_ROW_COLUMNS)
 
 
 def answered(rows: pd.DataFrame, prompts: Iterable[str]) -> pd.DataFrame:

@@ -184,7 +184,7 @@ class Analysis:
         rows = self._one_cell_per_setting(self.results.read_rows(columns=SUMMARY_COLUMNS + ["itl_s"],
                                                                  provenance_as_categories=True))
         wanted = columns.keys_of(rows) + ["cell_id", "prompt_id", "repeat", "status", *latency.COLUMNS]
-        return in_run_order(rows[[c for c in dict.fromkeys(wanted) if c in rows]])
+        return in_run_order(rows, wanted)
 
     @cached_property
     def latency(self) -> pd.DataFrame:

@@ -13,8 +13,11 @@ import pandas as pd
 RUN_ORDER = ("cell_id", "prompt_id", "repeat")
 
 
-def in_run_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` (one record per run, or finer) sorted by RUN_ORDER, stably, with a fresh index."""
+def in_run_order(frame: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
+    """`frame` (one record per run, or finer) sorted by RUN_ORDER, stably, with a fresh index; only
+    those of `columns` it has, once each, where given (the piece a table reads)."""
+    if columns is not None:
+        frame = frame[[c for c in dict.fromkeys(columns) if c in frame]]
     by = [c for c in RUN_ORDER if c in frame]
     if by and len(frame) > 1:
         frame = frame.sort_values(by, kind="stable")

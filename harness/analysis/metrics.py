@@ -177,7 +177,7 @@ def slowdown_rows(rows: pd.DataFrame) -> pd.DataFrame:
         ok = ok.iloc[0:0]
     wanted = keys_of(rows) + ["cell_id", "prompt_id", "repeat", "status", "batch_tokens_per_s", "target_tokens_per_s",
                               "n_tokens", "ttft_s", "itl_s", *START_UP, *PROVENANCE_COLUMNS]
-    return in_run_order(ok[[c for c in dict.fromkeys(wanted) if c in ok]])
+    return in_run_order(ok, wanted)
 
 
 def slowdown(rows: pd.DataFrame, allow_mixed: Iterable[str] = ()) -> pd.DataFrame:
@@ -250,7 +250,7 @@ def probe_rows(rows: pd.DataFrame) -> pd.DataFrame:
     a campaign's parts give these rows and the parent sums them as one read would)."""
     probed = rows[rows["probe_steps"].notna().to_numpy()] if "probe_steps" in rows else rows.iloc[0:0]
     wanted = keys_of(rows) + ["cell_id", "prompt_id", "repeat", *PROBE_STAT_COLUMNS]
-    return in_run_order(probed[[c for c in dict.fromkeys(wanted) if c in probed]])
+    return in_run_order(probed, wanted)
 
 
 def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:
