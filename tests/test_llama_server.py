@@ -193,6 +193,34 @@ def _servers_of(folder: Path) -> list[int]:
     return found
 
 
+def _as_a_terminal_job() -> None:
+    """Ctrl-C's default disposition, as a terminal's foreground job has it. A suite started in the
+    background by a non-interactive shell (`.ci/run > log &`) inherits SIGINT ignored, and a Python
+    started so keeps ignoring it, as every Unix program should: harness run then rightly goes on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _doing(pid: int, said: Path) -> str:
+    """What a process that will not end is doing: its threads' kernel waits, its children, and its Python
+    stacks (SIGABRT makes faulthandler, which PYTHONFAULTHANDLER turned on, print them to its log)."""
+    facts = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            facts.append(f"thread {task.name}: {(task / 'wchan').read_text()} {(task / 'stat').read_text().split()[2]}")
+        except OSError:
+            continue
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if proc.name.isdigit() and int(stat[1]) == pid:
+                facts.append(f"child {proc.name} ({stat[0]}): {(proc / 'cmdline').read_bytes()[:200]!r}")
+        except (OSError, IndexError, ValueError):
+            continue
+    os.kill(pid, signal.SIGABRT)
+    time.sleep(2)
+    return "\n".join(facts) + "\n" + said.read_text(errors="replace")[-6000:]
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
 def test_no_server_outlives_harness_run(tmp_path, how):
     """`harness run` ended mid-cell by SIGKILL (nothing of it can clean up) or Ctrl-C: its llama-server goes too."""
@@ -203,14 +231,18 @@ def test_no_server_outlives_harness_run(tmp_path, how):
     said = tmp_path / "run.log"
     with open(said, "wb") as log:
         run = subprocess.Popen([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", str(out), "--no-summary"],
-                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONFAULTHANDLER": "1"}, preexec_fn=_as_a_terminal_job)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None and not _servers_of(out / "logs"):
             time.sleep(0.2)
         assert _servers_of(out / "logs"), f"the server was never seen running; harness run said: {said.read_text()[-3000:]}"
         run.send_signal(how)
-        run.wait(60)
+        try:
+            run.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"harness run had not ended 60 s after {how.name}; it was doing: {_doing(run.pid, said)}")
     finally:  # a failure here must not leave this run and its server to the tests that follow
         if run.poll() is None:
             run.kill()
