@@ -167,13 +167,20 @@ CUT = {
 
 
 @pytest.mark.parametrize("case", list(CUT))
-def test_a_unit_over_a_part_is_cut_by_prompt_and_reads_alike(tmp_path, case):
+def test_a_unit_over_a_part_is_cut_by_prompt_and_reads_alike(tmp_path, monkeypatch, case):
+    from harness.report import html
+
     shape, reference = CUT[case]
+    read, report_part = [], html.report_part  # the prompts each report part reads, the parts' then the whole's
+    monkeypatch.setattr(html, "report_part", lambda a: read.append(set(a.report_rows["prompt_id"])) or report_part(a))
     parts = assert_parts_equal_whole(build(tmp_path / "results", shape), budget=12, reference=reference)
     assert parts is not None
     cut = [part for part in parts.parts if part.prompts is not None]
     assert len(cut) >= 2 and len({part.cells for part in cut}) == 1  # one unit's cells, its prompts apart
     assert sorted(p for part in cut for p in part.prompts) == [f"p{i}" for i in range(shape.prompts)]
+    # the report reads the same parts, not the cut unit whole (a 10M-row sweep would not fit a worker)
+    assert len(read) == len(parts.parts) + 1
+    assert all(seen <= set(part.prompts) for seen, part in zip(read, parts.parts) if part.prompts)
 
 
 def test_a_prompt_over_a_part_stays_whole(tmp_path):
@@ -275,3 +282,30 @@ def test_a_part_reads_only_the_row_groups_of_its_prompts(tmp_path, monkeypatch):
     assert asked == [[2]]
     assert some.to_dict("records") == whole[whole["prompt_id"] == "p2"].reset_index(drop=True).to_dict("records")
     assert results.folder.store.read_rows(["repeat"], [cell], prompt_ids=("p9",)).empty  # nobody's prompt
+
+
+def test_margins_of_some_runs_read_only_their_row_groups(tmp_path, monkeypatch):
+    """A part wants the per-step margins of a few departed runs: it gets each run's own list, in the
+    order asked, and reads the margins of only the row groups that hold those runs."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from harness.results import store as store_module
+
+    monkeypatch.setattr(store_module, "ROW_GROUP_ROWS", 4)
+    results = build(tmp_path / "results", Shape(3, 4, (1,), (0,), False, False, None, 1, False, 0.5, 9))
+    (cell,) = results.cell_ids
+    store = results.folder.store
+    whole = store.read_rows(["prompt_id", "repeat", "margins"], [cell])
+    whole = whole[whole["margins"].notna()]
+    runs = pd.concat([whole[whole["prompt_id"] == "p2"].iloc[::-1], whole[whole["prompt_id"] == "p0"].head(2)])
+    runs = runs.assign(cell_id=cell).set_axis([f"r{i}" for i in range(len(runs))])
+    asked = []
+    real = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, groups, **kw: asked.append((list(groups), kw.get("columns"))) or
+                        real(self, groups, **kw))
+    found = store.values_at("margins", runs[["cell_id", "prompt_id", "repeat"]])
+    assert list(found.index) == list(runs.index)
+    assert [list(m) for m in found] == [list(m) for m in runs["margins"]]
+    assert asked == [([0, 2], ["margins"])]  # p1's group is not read

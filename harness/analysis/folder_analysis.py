@@ -250,7 +250,7 @@ class Analysis:
                                 if c.id not in on_disk])
         return None if missing.empty else missing.drop_duplicates("cell_id", ignore_index=True)
 
-    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True, by_cell: bool = True) -> list[T]:
+    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True) -> list[T]:
         """`fn` of each part of the folder, in order: here the folder is one part (a campaign's
         Analysis reads it part by part: harness.analysis.partitioned, which computes the statistics
         in the same pass `with_statistics`)."""

@@ -110,21 +110,20 @@ class PartitionedAnalysis(Analysis):
         self.parts = parts
         self.workers = workers
 
-    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True, by_cell: bool = True) -> list[T]:
+    def per_part(self, fn: Callable[[Analysis], T], with_statistics: bool = True) -> list[T]:
         """`fn` (a module-level function: it travels to the workers by name) of each part's Analysis, in
-        part order; with `by_cell`, a cut unit's parts are read together (fn's records are per cell).
-        The first pass `with_statistics` computes the pieces too, from the rows `fn` read: a report
-        reads the folder once."""
-        parts = partitions.whole_cells(self.parts) if by_cell else self.parts
+        part order; fn's records must join by prompt, since a cut unit's cells lie in several parts. The
+        first pass `with_statistics` computes the pieces too, from the rows `fn` read: a report reads the
+        folder once."""
         if "_pieces" in self.__dict__ or not with_statistics:
-            return self._map(fn, parts)
-        found = self._map(partial(_with_pieces, fn=fn), parts)
+            return self._map(fn)
+        found = self._map(partial(_with_pieces, fn=fn))
         self.__dict__["_pieces"] = _pieces_of([tables for _, tables in found])
         return [value for value, _ in found]
 
-    def _map(self, fn: Callable[[Analysis], T], parts: list[partitions.Part] | None = None) -> list[T]:
+    def _map(self, fn: Callable[[Analysis], T]) -> list[T]:
         """`fn` of each part's Analysis, in part order; one part's rows in memory per worker at a time."""
-        parts = self.parts if parts is None else parts
+        parts = self.parts
 
         def piece(part: partitions.Part) -> Analysis:
             return Analysis(replace(self.results, cell_ids=list(part.cells), prompt_ids=part.prompts), self.reference,

@@ -79,9 +79,8 @@ def cell_sizes(results: Results) -> list[tuple[str, dict[str, Any] | None, int]]
 
 def plan(results: Results, reference: dict[str, Any], budget: int = PART_ROWS) -> list[Part]:
     """The cells of `results` in parts of closed units, each part's cells in file order; one part
-    when everything fits `budget` rows. A unit over `budget` is cut by prompt (whole_cells puts it
-    back together for a reader whose records are per cell). A file without rows is related to
-    nothing: it joins the first part."""
+    when everything fits `budget` rows. A unit over `budget` is cut by prompt (every reader's
+    records join by prompt). A file without rows is related to nothing: it joins the first part."""
     cells = cell_sizes(results)
     if sum(rows for _, _, rows in cells) <= budget:
         return [Part(tuple(results.cell_ids))]
@@ -127,11 +126,3 @@ def _by_prompt(results: Results, cells: list[str], budget: int) -> list[Part]:
     if len(parts) < 2:
         return [Part(tuple(cells))]
     return [Part(tuple(cells), tuple(chosen)) for chosen in parts]
-
-
-def whole_cells(parts: list[Part]) -> list[Part]:
-    """`parts` with the parts of one cut unit put back together (a reader whose records are per cell)."""
-    out: dict[tuple[str, ...], Part] = {}
-    for part in parts:
-        out.setdefault(part.cells, Part(part.cells))
-    return list(out.values())

@@ -112,7 +112,7 @@ def part_splits(analysis: Any) -> pd.DataFrame:
 def folder_splits(analysis: Any) -> pd.DataFrame:
     """Where the outputs of each cell and prompt of a results folder split (`harness summarize --what
     splits`), part by part where the analysis reads a campaign in parts: a (cell, prompt) lies in one part."""
-    found = analysis.per_part(part_splits, with_statistics=False, by_cell=False)
+    found = analysis.per_part(part_splits, with_statistics=False)
     trees = [t for t in found if not t.empty]
     if len(trees) < 2:
         return trees[0] if trees else found[0]

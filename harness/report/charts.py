@@ -78,9 +78,9 @@ class ChartPart:
     """One part's per-run chart data, by cell: the series are named once every part is in, since
     which settings vary is a fact of the whole folder (harness.analysis.partitioned)."""
 
-    cells: pd.DataFrame  # cell_id and the setting columns, a record per cell
-    identical: pd.DataFrame  # cell_id, compared, identical
-    divergence: pd.DataFrame  # cell_id, first_divergence: a record per departed run, in row order
+    cells: pd.DataFrame  # cell_id and the setting columns, a record per cell (a cut cell's in each of its parts)
+    identical: pd.DataFrame  # cell_id, compared, identical: counts, added up across parts
+    divergence: pd.DataFrame  # cell_id, prompt_id, first_divergence: a record per departed run, in row order
     #: a record per departed run, indexed like the part's paired rows: cell_id, prompt_id,
     #: first_divergence, margin_run, margin_reference
     margins: pd.DataFrame
@@ -115,24 +115,31 @@ def chart_part(analysis: Analysis) -> ChartPart:
     return ChartPart(
         cells=rows.drop_duplicates("cell_id")[["cell_id"] + keys].reset_index(drop=True),
         identical=identical,
-        divergence=split[["cell_id", "first_divergence"]].astype({"first_divergence": int}).reset_index(drop=True),
+        divergence=split[["cell_id", "prompt_id", "first_divergence"]].astype({"first_divergence": int})
+        .reset_index(drop=True),
         margins=margins,
         splits=part_splits(analysis),  # its rows are the report rows, read above
     )
 
 
-def _in_row_order(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Per-run records of the parts in the folder's row order: cell files sorted by id, rows as stored."""
+def by_cell_and_prompt(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per-run records of the parts in cell then prompt order, each (cell, prompt)'s runs as stored: a
+    part holds every run of its prompts (a unit is cut by prompt), so whole and part by part agree."""
     present = [f for f in frames if not f.empty]
-    if len(present) < 2:
-        return (present or frames)[0].reset_index(drop=True)
-    return pd.concat(present, ignore_index=True).sort_values("cell_id", kind="stable").reset_index(drop=True)
+    table = pd.concat(present, ignore_index=True) if len(present) > 1 else (present or frames)[0]
+    return table.sort_values(["cell_id", "prompt_id"], kind="stable").reset_index(drop=True)
+
+
+def joined_cells(parts: list[ChartPart]) -> pd.DataFrame:
+    """The folder's cells, a record each, from its parts' (a cut cell is in several)."""
+    cells = pd.concat([p.cells for p in parts], ignore_index=True)
+    return cells.drop_duplicates("cell_id").sort_values("cell_id", kind="stable").reset_index(drop=True)
 
 
 def joined(parts: list[ChartPart], analysis: Analysis) -> Charts:
     """The charts of a folder from its parts' chart data and the analysis's statistics tables
     (answers, slowdown, survival, near ties)."""
-    cells = pd.concat([p.cells for p in parts], ignore_index=True)
+    cells = joined_cells(parts)
     varying = varying_axes(cells)
     series = dict(zip(cells["cell_id"], series_labels(cells, varying)))
     x = dict(zip(cells["cell_id"], cells[X_AXIS]))
@@ -147,8 +154,8 @@ def joined(parts: list[ChartPart], analysis: Analysis) -> Charts:
     answers = analysis.answers
     charts = Charts(
         identical=identical,
-        divergence=labelled(_in_row_order([p.divergence for p in parts]), ["first_divergence"]),
-        margins=labelled(_in_row_order([p.margins for p in parts]),
+        divergence=labelled(by_cell_and_prompt([p.divergence for p in parts]), ["first_divergence"]),
+        margins=labelled(by_cell_and_prompt([p.margins for p in parts]),
                          ["prompt_id", "first_divergence", "margin_run", "margin_reference"]),
         slowdown=_labelled(analysis.slowdown, [v for v in varying if v != "batch_invariant"]),
         reference=_reference_label(analysis),

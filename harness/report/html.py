@@ -216,8 +216,9 @@ def report_part(analysis: Analysis) -> dict[str, Any]:
         "charts": chart,
         "runs": _run_entries(annotated, rows[rows["status"] != "ok"], margins),
         "outputs": _outputs(annotated, analysis.results),
-        # each distinct value with the cell where it first appears: the parts' values join in row order
-        "seen": {c: rows[[c, "cell_id"]].dropna(subset=[c]).drop_duplicates(c).astype(str).values.tolist()
+        # each distinct value with each cell and prompt it first appears in: the parts' values join in
+        # cell, prompt, then row order, as a whole read's do (a part holds whole prompts)
+        "seen": {c: rows[[c, "cell_id", "prompt_id"]].dropna(subset=[c]).drop_duplicates().astype(str).values.tolist()
                  for c in HEADER_COLUMNS},
         "run_ids": set(rows["run_id"].dropna().unique().tolist()),
         "max_tokens": {int(v) for v in rows["max_tokens"].dropna().unique()},
@@ -227,12 +228,12 @@ def report_part(analysis: Analysis) -> dict[str, Any]:
 
 
 def _joined_header(parts: list[dict[str, Any]]) -> dict[str, str]:
-    """Per header column, its distinct values in the folder's row order, joined as the page shows them."""
+    """Per header column, its distinct values in cell, prompt and row order, joined as the page shows them."""
     out = {}
     for column in HEADER_COLUMNS:
-        pairs = sorted((cell, i, value) for i, (value, cell) in
-                       enumerate(pair for part in parts for pair in part["seen"][column]))
-        out[column] = _listed(list(dict.fromkeys(value for _, _, value in pairs)))
+        found = sorted((cell, prompt, i, value) for i, (value, cell, prompt) in
+                       enumerate(seen for part in parts for seen in part["seen"][column]))
+        out[column] = _listed(list(dict.fromkeys(value for *_, value in found)))
     return out
 
 
@@ -242,13 +243,14 @@ def build(analysis: Analysis) -> dict[str, Any]:
     store = analysis.results
     parts = analysis.per_part(report_part)
     chart = charts_mod.joined([p["charts"] for p in parts], analysis)
-    runs = sorted((e for p in parts for e in p["runs"]), key=lambda e: (e["status"] != "ok", e["cell"]))
+    # a (cell, prompt)'s entries come from one part, in its row order
+    runs = sorted((e for p in parts for e in p["runs"]), key=lambda e: (e["status"] != "ok", e["cell"], e["prompt"]))
     statuses = pd.Series({}, dtype="int64")
     for part in parts:
         statuses = statuses.add(pd.Series(part["statuses"], dtype="int64"), fill_value=0)
     header = _joined_header(parts)
     descriptions = [e.experiment.description for e in store.experiments if e.experiment.description]
-    cells = pd.concat([p["charts"].cells for p in parts], ignore_index=True)
+    cells = charts_mod.joined_cells([p["charts"] for p in parts])
     return {
         "meta": {
             "experiment": header["experiment"],
@@ -261,7 +263,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
             "statuses": {k: int(v) for k, v in statuses.sort_values(ascending=False, kind="stable").items()},
             "matrix": {a: sorted(set().union(*(p["matrix"][a] for p in parts))) for a in AXES},
             "provenance": {c: header[c] for c in PROVENANCE},
-            "cells": len(cells),  # the parts' cells, each in one part
+            "cells": len(cells),
         },
         "filters": varying(cells, keys_of(cells)) or ["engine"],
         "guarantees": _guarantees(analysis),

@@ -152,6 +152,21 @@ def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_i
     return table.filter(pa.array(keep))
 
 
+def _taken(handle: pq.ParquetFile, column: str, rows: Any) -> pa.ChunkedArray:
+    """`column` at these rows of one file (in their order), reading only the row groups that hold them:
+    a part of a campaign wants a per-step list for its prompts' departed runs, not the whole file's."""
+    import numpy as np
+
+    sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.metadata.num_row_groups)]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    group_of = np.searchsorted(starts, rows, side="right") - 1
+    groups = np.unique(group_of)
+    # where each chosen group begins in the table read of the chosen groups alone
+    begins = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64)[groups])])[:-1]
+    local = rows - starts[group_of] + begins[np.searchsorted(groups, group_of)]
+    return handle.read_row_groups(groups.tolist(), columns=[column]).column(0).take(pa.array(local))
+
+
 def rows_at(path: Path) -> list[dict[str, Any]]:
     """A file's rows as written; empty when it is gone or unreadable; refused when a newer harness wrote it."""
     try:
@@ -312,8 +327,7 @@ class StoreReading:
         found = at >= 0
         if not found.any():
             return part.index[:0], []
-        values = handle.read(columns=[column]).column(0).take(pa.array(at[found]))
-        return part.index[found], values.to_pylist()
+        return part.index[found], _taken(handle, column, at[found]).to_pylist()
 
     def read_cell(self, cell_id: str, columns: list[str] | None = None) -> pd.DataFrame:
         return readable(self.cell_path(cell_id)).read(columns=columns).to_pandas()
