@@ -123,16 +123,15 @@ class PartitionedAnalysis(Analysis):
 
     def _map(self, fn: Callable[[Analysis], T]) -> list[T]:
         """`fn` of each part's Analysis, in part order; one part's rows in memory per worker at a time."""
-        parts = self.parts
 
         def piece(part: partitions.Part) -> Analysis:
             return Analysis(replace(self.results, cell_ids=list(part.cells), prompt_ids=part.prompts), self.reference,
                             self.allow_mixed, self.reference_run, self.near_tie, self.confident)
 
         if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
-            return [fn(piece(part)) for part in parts]
-        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(parts)), mp_context=_start_method())
-        futures = {pool.submit(fn, piece(part)): i for i, part in enumerate(parts)}
+            return [fn(piece(part)) for part in self.parts]
+        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(self.parts)), mp_context=_start_method())
+        futures = {pool.submit(fn, piece(part)): i for i, part in enumerate(self.parts)}
         found: dict[int, T] = {}
         pending = set(futures)
         try:
@@ -148,7 +147,7 @@ class PartitionedAnalysis(Analysis):
             _stop(pool)  # a part's error ends the command now, not after every other part
             raise
         pool.shutdown()
-        return [found[i] for i in range(len(parts))]
+        return [found[i] for i in range(len(self.parts))]
 
     def _died(self, broken: BaseException) -> str:
         """What to say when a worker process died under a part (the kernel's out-of-memory killer, most often)."""

@@ -124,6 +124,14 @@ def _read_cell_file(path: Path, wanted: list[str] | None, prompt_ids: Sequence[s
     return _encoded(_with_later_axes(table, wanted))
 
 
+def _group_starts(handle: pq.ParquetFile) -> Any:
+    """Each row group's first row in the file, and the file's row count last."""
+    import numpy as np
+
+    sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.metadata.num_row_groups)]
+    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+
 def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_ids: Sequence[str]) -> pa.Table:
     """The rows of `prompt_ids` in one cell file, reading only the row groups that hold any (a file's
     runs of a prompt lie together as the runner writes them, in groups of Store.ROW_GROUP_ROWS)."""
@@ -139,11 +147,8 @@ def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_i
 
     chunks = handle.read(columns=["prompt_id"], use_threads=False).column(0).chunks
     wanted = np.concatenate([among(c) for c in chunks]) if chunks else np.zeros(0, dtype=bool)
-    sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.metadata.num_row_groups)]
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + size)
-    groups = [i for i in range(len(sizes)) if wanted[starts[i]:starts[i + 1]].any()]
+    starts = _group_starts(handle)
+    groups = [i for i in range(len(starts) - 1) if wanted[starts[i]:starts[i + 1]].any()]
     if not groups:
         return handle.schema_arrow.empty_table().select(present) if present is not None else \
             handle.schema_arrow.empty_table()
@@ -157,12 +162,11 @@ def _taken(handle: pq.ParquetFile, column: str, rows: Any) -> pa.ChunkedArray:
     a part of a campaign wants a per-step list for its prompts' departed runs, not the whole file's."""
     import numpy as np
 
-    sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.metadata.num_row_groups)]
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    starts = _group_starts(handle)
     group_of = np.searchsorted(starts, rows, side="right") - 1
     groups = np.unique(group_of)
     # where each chosen group begins in the table read of the chosen groups alone
-    begins = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64)[groups])])[:-1]
+    begins = np.concatenate([[0], np.cumsum(np.diff(starts)[groups])])[:-1]
     local = rows - starts[group_of] + begins[np.searchsorted(groups, group_of)]
     return handle.read_row_groups(groups.tolist(), columns=[column]).column(0).take(pa.array(local))
 
