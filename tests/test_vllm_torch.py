@@ -49,6 +49,43 @@ def test_a_mismatch_is_named_with_the_release_that_fits(pin, torch, says):
     assert (cause is None) if says is None else (says in cause and "pip install" in cause)
 
 
+@pytest.mark.parametrize(("pin", "torch", "fits"), [
+    (">=2.4,<3", "2.11.0+cu130", True), (">=2.4,<3", "3.0.0", False), ("==2.11.*", "2.11.1", True),
+    ("==2.11.*", "2.13.0", False), ("~=2.11.0", "2.11.3+cpu", True), ("", "2.11.0", True), ("not a pin", "2.11.0", False),
+])
+def test_a_torch_requirement_is_read_as_pep_440(pin, torch, fits):
+    """Issue 65: a vLLM whose torch requirement is a range or wildcard was called unloadable and doctor exited 1."""
+    assert vllm_torch.pins_it(pin, torch) is fits
+    cause = vllm_torch.mismatch({"torch_pin": pin, "torch": torch, "distribution": "vllm", "version": "0.28.0"})
+    assert (cause is None) is (fits or not pin)
+
+
+def test_the_node_torchs_cuda_build_is_matched_with_the_cuda_pypi_builds_vllm_for():
+    """Issue 65: torch 2.11.0+cu126 fits vLLM's torch pin and not its binary (PyPI builds it for torch 2.11.0's
+    own CUDA, 13.0): it was told to install that release."""
+    assert vllm_torch.build_cuda("2.11.0+cu126") == "12.6" and vllm_torch.build_cuda("2.11.0+cu130") == "13.0"
+    assert vllm_torch.build_cuda("2.11.0") == vllm_torch.pypi_cuda("2.11.0") == "13.0"
+    assert vllm_torch.build_cuda("2.11.0+cpu") == "cpu"
+    assert vllm_torch.releases_for("2.11.0+cu126") == []
+    advice = vllm_torch.install_advice("2.11.0+cu126")
+    assert "CUDA 13.0" in advice and "CUDA 12.6" in advice and "pip install vllm==" not in advice
+    cause = vllm_torch.mismatch({"torch_pin": "2.11.0", "torch": "2.11.0+cu126", "distribution": "vllm", "version": "0.26.0"})
+    assert cause and "CUDA 12.6" in cause
+    # a vLLM built elsewhere for its own CUDA (a local label) is not PyPI's build
+    assert vllm_torch.mismatch({"torch_pin": "2.11.0", "torch": "2.11.0+cu126", "distribution": "vllm",
+                                "version": "0.26.0+cu126"}) is None
+
+
+def test_releases_are_ordered_as_versions_not_as_text(monkeypatch):
+    """Issue 65: the table was sorted as text, so 0.26.10 came before 0.26.9 and "the newest" was wrong."""
+    fake = {"releases": {"vllm": {v: {"torch": "2.11.0"} for v in ("0.26.10", "0.26.9", "0.26.1")}},
+            "torch_cuda": {"2.11.0": "13.0"}}
+    monkeypatch.setattr(vllm_torch, "_read", lambda: fake)
+    assert vllm_torch.releases_for("2.11.0") == ["0.26.1", "0.26.9", "0.26.10"]
+    assert "pip install vllm==0.26.10 " in vllm_torch.install_advice("2.11.0")
+    assert "from 0.26.1 on" in vllm_torch.install_advice("2.12.0")
+
+
 def test_requirements_are_read_as_pins():
     assert vllm_torch.requirement_pin("torch==2.11.0") == ("torch", "2.11.0")
     assert vllm_torch.requirement_pin(" torch (==2.11.0) ; platform_system == 'Linux'") == ("torch", "2.11.0")

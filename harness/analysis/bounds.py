@@ -71,3 +71,48 @@ def prompt_upper95(diverged: Sequence[int], compared: Sequence[int], seed: int =
     pick = np.random.default_rng(seed).integers(0, len(n), size=(CLUSTER_DRAWS, len(n)))
     rates = d[pick].sum(axis=1) / n[pick].sum(axis=1)
     return float(max(np.percentile(rates, 95), upper95(total, int(n.sum())) or 0.0))
+
+
+#: the bets a prompt-level bound mixes (harness.analysis.bounds.bounded_mean_upper): fractions of the
+#: largest stake a test may make, and how much of the capital each one starts with. Fixed before any
+#: data, so the mixture is itself a test martingale; the largest stake gets most, since most prompts of
+#: a determinism run show no excess at all, where the largest stake is the one that learns fastest.
+_STAKES = np.array([1.0, 0.75, 0.5, 0.25, 0.1])
+_STAKE_WEIGHTS = np.array([0.4, 0.15, 0.15, 0.15, 0.15])
+
+
+def bounded_mean_upper(values: Sequence[float], low: float, high: float, alpha: float = 0.05) -> float:
+    """A one-sided (1 - alpha) upper bound on the mean of independent draws known to lie in [low, high],
+    valid at every sample size: a test by betting (Waudby-Smith and Ramdas, 2023). For each candidate
+    mean m, a gambler who bets against "the mean is m" with stakes fixed in advance grows capital
+    K(m) = prod_i (1 + s (m - y_i) / (1 - m)) (values scaled to [0, 1]); under "the mean is m" that
+    capital is a fair game, so by Ville's inequality it reaches 1/alpha with chance at most alpha.
+    The bound is the smallest m at which the mixture over stakes reaches 1/alpha (K grows with m).
+
+    No shape is assumed and no resampling is done, so few draws give wide bounds, as they must: n
+    draws all at `low` give at least low + (high - low) * (1 - alpha ** (1 / n)), the exact bound of
+    n all-or-nothing trials that all came out nothing (0.259 of the range for n = 10). No draws: high.
+    """
+    y = (np.asarray(values, dtype=float) - low) / (high - low)
+    if not len(y):
+        return float(high)
+    y = np.clip(y, 0.0, 1.0)
+    threshold = math.log(1.0 / alpha)
+
+    def log_capital(m: float) -> float:
+        factors = 1.0 + _STAKES[:, None] * (m - y[None, :]) / (1.0 - m)
+        with np.errstate(divide="ignore"):
+            logs = np.log(np.clip(factors, 0.0, None)).sum(axis=1) + np.log(_STAKE_WEIGHTS)
+        top = logs.max()
+        return float(top + math.log(np.exp(logs - top).sum())) if np.isfinite(top) else -math.inf
+
+    lo, hi = float(y.mean()), 1.0
+    if log_capital(lo) >= threshold:  # cannot happen for a mean at the data's own mean; kept for safety
+        return float(low + (high - low) * lo)
+    for _ in range(36):  # to 1e-11 of the range
+        mid = (lo + hi) / 2
+        if log_capital(mid) >= threshold:
+            hi = mid
+        else:
+            lo = mid
+    return float(low + (high - low) * hi)

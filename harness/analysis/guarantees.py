@@ -18,25 +18,31 @@ The classes, strongest first; a setting gets the strongest that holds over all i
     diverges      none of the above: no floor to compare with, or shown to depart more often than it
     mode_ineffective  batch-invariant mode on (by flag), and a run inside a batch is not bitwise the same
                   prompt's reference run of the same mode (tokens, or log-probabilities where recorded):
-                  the mode did not take effect, whatever the rates. Judged only where the reference
-                  differs from the setting in other axes than batch_invariant (batch size, seed, ...)
+                  the mode did not take effect, whatever the rates. Judged only where the setting differs
+                  from its reference in the batch's composition alone (axes.COMPOSITION_AXES: batch size,
+                  batch-mates' length): the mode promises batch invariance, not equality across GPUs,
+                  seeds, dtypes, models or environments, so a reference across those gives the setting
+                  its ordinary class, and the evidence says the mode was not judged
 
 A class is what was seen, not a proof: `bound` is the 95% upper bound on the share of runs that
 would break it (prompts as the unit, as in the settings table) where the class claims agreement,
 the upper bound on the rate's excess over the floor for within_noise and undecided, and the Fisher
 p-value for a setting shown to diverge beyond its floor. A setting with no compared runs has no class.
-The within_noise evidence also says the test's power: the chance that it would have shown
-equivalence had both rates truly been the floor's (normal approximation).
+Where the prompts at hand are too few to show the margin at all, the evidence says so and how many
+would be needed.
 """
 
 from __future__ import annotations
 
-from math import comb, erf, sqrt
+from functools import lru_cache
+from math import comb, sqrt
 
 import numpy as np
 import pandas as pd
 
+from harness.analysis.bounds import bounded_mean_upper
 from harness.analysis.frames import select_setting
+from harness.experiment.axes import COMPOSITION_AXES
 from harness.experiment.schema import GUARANTEES as CLASSES
 
 #: how strong each class is: a rule `guarantee: X` passes for a setting whose class is at least X
@@ -69,10 +75,31 @@ def excess_bound(d1: int, n1: int, d0: int, n0: int) -> float:
     return p1 - p0 + sqrt((high1 - p1) ** 2 + (p0 - low0) ** 2)
 
 
-def equivalence_power(se: float, margin: float) -> float:
-    """The chance that the bound falls within `margin` when both rates are truly the floor's, for an
-    excess whose standard error is `se` (normal approximation)."""
-    return float(0.5 * (1 + erf((margin / se - Z) / sqrt(2)))) if se > 0 else 1.0
+@lru_cache(maxsize=1024)
+def least_prompt_bound(prompts: int) -> float:
+    """The smallest upper bound on the excess that `prompts` prompts can give, reached when no prompt
+    departs more in the setting than in the floor: what the prompt count alone allows."""
+    return bounded_mean_upper([0.0] * prompts, -1.0, 1.0, ALPHA) if prompts else float("inf")
+
+
+def prompt_excess_upper(d1, n1, d0, n0) -> float:
+    """A one-sided 95% upper bound on the mean over prompts of the excess (the setting's departure rate
+    minus the floor's, per prompt), valid at every prompt count: each prompt's excess is a draw in
+    [-1, 1] (prompts the unit, its runs' noise inside the draw) and the bound is a test by betting
+    (bounds.bounded_mean_upper), which assumes no shape and never undercuts what the prompt count
+    allows. Prompts with no runs on either side are left out; none left: infinity."""
+    d1, n1, d0, n0 = (np.asarray(a, dtype=float) for a in (d1, n1, d0, n0))
+    keep = (n1 > 0) & (n0 > 0)
+    if not keep.any():
+        return float("inf")
+    return bounded_mean_upper(d1[keep] / n1[keep] - d0[keep] / n0[keep], -1.0, 1.0, ALPHA)
+
+
+def excess_upper(d1, n1, d0, n0) -> float:
+    """The noise test's upper bound on the excess (arrays per prompt, the setting's runs with n1 > 0):
+    the larger of the prompt-level bound and Newcombe's with runs as the unit."""
+    totals = int(np.sum(d1)), int(np.sum(n1)), int(np.sum(d0)), int(np.sum(n0))
+    return max(excess_bound(*totals), prompt_excess_upper(d1, n1, d0, n0))
 
 
 def _pooled_se(n1: int, d0: int, n0: int) -> float:
@@ -81,10 +108,12 @@ def _pooled_se(n1: int, d0: int, n0: int) -> float:
     return sqrt(p * (1 - p) * (1 / n1 + 1 / n0))
 
 
-def excess_by_prompt(d1, n1, d0, n0, seed: int = 0) -> tuple[float, float, float]:
+def excess_by_prompt(d1, n1, d0, n0, seed: int = 0) -> tuple[float, float]:
     """A paired cluster bootstrap of rate1 - rate0 over prompts (arrays hold one entry per prompt, the
-    setting's runs and the floor's of the same prompt): its 95th percentile, the share of draws at
-    or below 0 (a one-sided p that the excess is above 0) and its standard deviation."""
+    setting's runs and the floor's of the same prompt): the share of draws at or below 0 (a one-sided p
+    that the excess is above 0) and its standard deviation. Used for the p of a divergence only: a
+    percentile bootstrap over few prompts is too narrow to bound an excess (it has no spread when the
+    departing prompts coincide), so the bound is prompt_excess_upper."""
     from harness.analysis.bounds import CLUSTER_DRAWS
 
     d1, n1, d0, n0 = (np.asarray(a, dtype=float) for a in (d1, n1, d0, n0))
@@ -93,22 +122,25 @@ def excess_by_prompt(d1, n1, d0, n0, seed: int = 0) -> tuple[float, float, float
     kept = (runs1 > 0) & (runs0 > 0)  # a draw with no floor runs says nothing of the excess
     excess = d1[pick].sum(axis=1)[kept] / runs1[kept] - d0[pick].sum(axis=1)[kept] / runs0[kept]
     if not len(excess):
-        return float("inf"), 1.0, float("inf")
-    return float(np.percentile(excess, 95)), float(np.mean(excess <= 0)), float(np.std(excess))
+        return 1.0, float("inf")
+    return float(np.mean(excess <= 0)), float(np.std(excess))
 
 
 def noise_test(d1, n1, d0, n0) -> tuple[float, float, float]:
     """(upper bound on the excess, one-sided p that it is above 0, its standard error) of a setting
-    departing d1 of n1 against a floor of d0 of n0, per prompt (scalars: one prompt). Over two or
-    more prompts, each figure is the more cautious of prompts and runs as the unit."""
+    departing d1 of n1 against a floor of d0 of n0, per prompt (scalars: one prompt). The bound is the
+    larger of the prompt-level bound (prompt_excess_upper: one prompt cannot bound it below 0.95) and
+    Newcombe's with runs as the unit; the p, over two or more prompts, the larger of Fisher's over runs
+    and a bootstrap's over prompts."""
     d1, n1, d0, n0 = (np.atleast_1d(np.asarray(a, dtype=int)) for a in (d1, n1, d0, n0))
     keep = n1 > 0
     d1, n1, d0, n0 = d1[keep], n1[keep], d0[keep], n0[keep]
     totals = int(d1.sum()), int(n1.sum()), int(d0.sum()), int(n0.sum())
-    upper, p, se = excess_bound(*totals), fisher_greater(*totals), _pooled_se(totals[1], totals[2], totals[3])
+    upper = excess_upper(d1, n1, d0, n0)
+    p, se = fisher_greater(*totals), _pooled_se(totals[1], totals[2], totals[3])
     if len(n1) >= 2:
-        cluster_upper, cluster_p, cluster_se = excess_by_prompt(d1, n1, d0, n0)
-        upper, p, se = max(upper, cluster_upper), max(p, cluster_p), max(se, cluster_se)
+        cluster_p, cluster_se = excess_by_prompt(d1, n1, d0, n0)
+        p, se = max(p, cluster_p), max(se, cluster_se)
     return upper, p, se
 
 
@@ -116,20 +148,30 @@ def noise_verdict(d: int, n: int, fd: int, fc: int, prompts: int, upper: float, 
                   margin: float = NOISE_MARGIN) -> tuple[str, str, float]:
     """(class, evidence, bound) from a noise test's figures (noise_test): within_noise, undecided or
     diverges (see the module's doc); the bound is the excess's upper bound, or the p of a divergence."""
-    unit = "prompts as the unit" if prompts >= 2 else "runs as the unit: one prompt"
+    few = least_prompt_bound(prompts) > margin
+    unit = "prompts as the unit" + (f"; with no excess seen, {100 * margin:g} points needs at least "
+                                    f"{prompts_for_margin(margin)} prompts" if few else "")
     test = "Fisher p" if prompts < 2 else "p (the larger of Fisher's over runs and a bootstrap's over prompts)"
     floor = f"the reference setting's own repeats depart {fd}/{fc}"
     if upper <= margin:
         return "within_noise", (f"{d}/{n} runs over {prompts} prompt(s) depart; {floor}; its rate exceeds theirs by at "
-                                f"most {100 * upper:.1f} points (95%, {unit}), within the margin of {100 * margin:g}; "
-                                f"power at equal rates {100 * equivalence_power(se, margin):.0f}%"), upper
+                                f"most {100 * upper:.1f} points (95%, {unit}), within the margin of {100 * margin:g}"), upper
     if p >= ALPHA:
+        more = "more prompts would tell" if few else "more runs of more prompts would tell"
         return "undecided", (f"{d}/{n} runs over {prompts} prompt(s) depart; {floor}; the data cannot decide: the "
                              f"excess may be up to {100 * upper:.1f} points (95%, {unit}; over the margin of "
-                             f"{100 * margin:g}), yet is not shown (one-sided {test} = {p:.2f}); more runs of more "
-                             "prompts would tell"), upper
+                             f"{100 * margin:g}), yet is not shown (one-sided {test} = {p:.2f}); {more}"), upper
     return "diverges", (f"{d}/{n} runs over {prompts} prompt(s) depart; {floor}; more often than the floor "
                         f"(one-sided {test} = {p:.3g})"), p
+
+
+@lru_cache(maxsize=64)
+def prompts_for_margin(margin: float) -> int:
+    """The fewest prompts whose bound can fall within `margin` (none departing more than in the floor)."""
+    k = 1
+    while least_prompt_bound(k) > margin and k < 10_000:
+        k += 1
+    return k
 
 
 def noise_class(d, n, fd, fc, margin: float = NOISE_MARGIN) -> tuple[str, str, float]:
@@ -201,7 +243,7 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
              margin: float = NOISE_MARGIN, reference: dict | None = None) -> pd.DataFrame:
     """`settings` (harness.analysis.by_setting.agreement) with COLUMNS added; `floor`: floors();
     `reference`: the reference rule's axes (a reference across batch_invariant judges no mode)."""
-    mode_judged = "batch_invariant" not in (reference or {})
+    rule = dict(reference or {})
     counts = ["compared", "diverged", "floor_compared", "floor_diverged"]
     keys = [k for k in settings.columns if k in floor.columns and k not in counts + ["is_floor", "prompt_id"]]
     out = settings.copy()
@@ -226,7 +268,7 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
         answer = _answers_of(answers, rec, keys)
         if n == 0:
             classes.append(None), evidence.append("no compared runs"), bounds.append(np.nan)
-        elif mode_judged and not is_floor and _on(rec.get("batch_invariant")) and (d > 0 or lp_same < lp_n):
+        elif _mode_judged(rec, rule) and not is_floor and _on(rec.get("batch_invariant")) and (d > 0 or lp_same < lp_n):
             classes.append("mode_ineffective")
             evidence.append(f"batch-invariant mode on, yet {d}/{n} runs over {prompts} prompt(s) depart in tokens and "
                             f"{lp_n - lp_same}/{lp_n} in log-probabilities from the reference run of the same mode: "
@@ -238,7 +280,8 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
                             f"to the reference's; share that would differ < {100 * bound:.1f}% ({unit})")
             bounds.append(bound)
         elif d == 0:
-            why = ("the engine recorded no log-probabilities" if lp_n < n
+            why = ("log-probabilities not recorded" if lp_n == 0 else
+                   f"log-probabilities not recorded for {n - lp_n}" if lp_n < n
                    else f"{lp_n - lp_same} with other log-probabilities")
             classes.append("same_tokens")
             evidence.append(f"{n}/{n} runs over {prompts} prompt(s) with the reference's tokens ({why}); "
@@ -259,11 +302,27 @@ def classify(settings: pd.DataFrame, floor: pd.DataFrame, answers: pd.DataFrame 
                                                    per_prompt[:, 2], margin)
             classes.append(found), evidence.append(said), bounds.append(bound)
         noise.append(figures)
+        if _on(rec.get("batch_invariant")) and not is_floor and n and not _mode_judged(rec, rule) \
+                and (d > 0 or lp_same < lp_n):
+            evidence[-1] += (f"; batch-invariant mode not judged: the reference differs in "
+                             f"{', '.join(_differing(rec, rule)) or 'nothing'}, not only in the batch's composition")
     out["guarantee"], out["guarantee_evidence"], out["guarantee_bound"] = classes, evidence, bounds
     out["floor_compared"], out["floor_diverged"] = floor_n, floor_d
     for i, column in enumerate(NOISE_COLUMNS):
         out[column] = [figures[i] for figures in noise]
     return out
+
+
+def _differing(rec: dict, rule: dict) -> list[str]:
+    """The reference rule's axes in which this setting is not the reference."""
+    return [k for k, v in rule.items() if k in rec and rec[k] != v and str(rec[k]) != str(v)]
+
+
+def _mode_judged(rec: dict, rule: dict) -> bool:
+    """Whether this setting's comparison can judge a batch-invariant mode: its reference differs from
+    it in the batch's composition alone (a reference across the mode itself judges no mode)."""
+    differing = _differing(rec, rule)
+    return "batch_invariant" not in rule and bool(differing) and set(differing) <= set(COMPOSITION_AXES)
 
 
 def _on(value: object) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from harness.core.cpus import usable_cpus
 from harness.engines.base import (
     HONOUR,
     AutoOnOff,
@@ -134,8 +135,9 @@ class TransformersEngine(HfPadded, HfContinuous, Engine):
         self.torch, self.spec, self._transformers = torch, spec, transformers
         self.opts = TransformersOptions.model_validate(spec.options)
         self.device = self._device(torch, spec.gpu)
-        if self.opts.n_threads:
-            torch.set_num_threads(self.opts.n_threads)
+        usable = usable_cpus()  # torch's default counts the node's cores, not the job's
+        if self.opts.n_threads or usable < torch.get_num_threads():
+            torch.set_num_threads(self.opts.n_threads or usable)
         if self.opts.tf32 != "auto":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.opts.tf32 == "on"
         if self.opts.deterministic_algorithms:

@@ -7,6 +7,7 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
+from harness.core.cpus import usable_cpus
 from harness.core.process_end import died_of, how_it_ended
 from harness.engines.base import (
     HONOUR,
@@ -171,7 +173,10 @@ class LlamaServerEngine(Engine):
         self._lengths: dict[str, int] = {}
         self.server_version = server_version(self.binary)
         self.build_sha256 = build_sha256(Path(self.binary))
-        self.extra = kernel_choice(self.binary, self.model_path, self.opts.extra_bufts, self.opts.n_threads,
+        # the job's CPUs where they are fewer than the node's (llama-server's own default counts the node's cores)
+        usable = usable_cpus()
+        self.n_threads = self.opts.n_threads or (usable if usable < (os.cpu_count() or usable) else None)
+        self.extra = kernel_choice(self.binary, self.model_path, self.opts.extra_bufts, self.n_threads,
                                    self.opts.startup_timeout_s, log, self.model_sha256)
         if self.extra.warning:
             log(self.extra.warning)
@@ -187,8 +192,8 @@ class LlamaServerEngine(Engine):
         layers = gpu_layers(self.spec.gpu, self.opts.n_gpu_layers)
         args = ["-ngl", str(999 if layers < 0 else layers), "-fa", self.opts.flash_attn,
                 "--no-webui"]
-        if self.opts.n_threads:
-            args += ["-t", str(self.opts.n_threads)]
+        if self.n_threads:
+            args += ["-t", str(self.n_threads)]
         if self.opts.kv_unified:
             args += ["--kv-unified"]
         args += kernel_flags(self.extra)

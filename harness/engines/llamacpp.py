@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from harness.core import native_preload
+from harness.core.cpus import usable_cpus
 from harness.engines.base import (
     HONOUR,
     AutoOnOff,
@@ -42,7 +42,8 @@ class LlamaCppOptions(EngineOptions):
     added_later = ("extra_bufts",)
     n_gpu_layers: int | None = Field(
         None, ge=-1, description="layers offloaded to a GPU; -1 = all; default: all, or none for gpu: cpu")
-    n_threads: int | None = Field(None, ge=1, description="decode threads; default: all cores")
+    n_threads: int | None = Field(None, ge=1, description="decode threads; default: the CPUs this process may use "
+                                  "(affinity, cgroup quota, SLURM_CPUS_PER_TASK)")
     n_threads_batch: int | None = Field(None, ge=1, description="prefill threads; default: n_threads")
     n_batch: int = Field(2048, ge=1, description="logical batch (tokens per llama_decode call)")
     n_ubatch: int = Field(512, ge=1, description="physical micro-batch")
@@ -146,7 +147,7 @@ class LlamaCppEngine(LlamaCppDoctor, LlamaTokens, LlamaScoring, LlamaDecode, Eng
         self.model_path = models.gguf_in_dtype(source, spec.dtype, log)
         self.model_sha256 = models.file_sha256(self.model_path)
         ll.llama_backend_init()
-        self.n_threads = self.opts.n_threads or os.cpu_count() or 1
+        self.n_threads = self.opts.n_threads or usable_cpus()  # the job's CPUs, not the node's
         self.system_info = ll.llama_print_system_info().decode(errors="replace").strip()
         self.extra = self.kernel_choice(self.opts.extra_bufts, self.model_path, self.model_sha256, self.system_info,
                                         self.n_threads, log)[0]

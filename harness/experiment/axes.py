@@ -82,6 +82,9 @@ class Axis:
     plain: bool = False
     #: series labels of a true/false axis: (false, true); default "short=off" / "short=on"
     flags: tuple[str, str] | None = None
+    #: says only what else shared the target's batch (how many, how long): what a batch-invariant mode
+    #: promises not to matter, so the only axes across which the mode is judged (analysis.guarantees)
+    composition: bool = False
 
     @property
     def required(self) -> bool:
@@ -128,7 +131,8 @@ AXES_DECLARED: tuple[Axis, ...] = (
     Axis("dtype", str, "string", "auto", per_load=True, check=_dtype, plain=True),
     Axis("gpu", str, "string", "any", per_load=True, check=_name, plain=True),
     Axis("batch_invariant", bool, "bool_", False, per_load=True, short="b-inv", flags=("default", "batch-invariant")),
-    Axis("batch_size", int, "int32", 1, short="batch", within=lambda v: 1 <= v <= 1024, allowed="1 to 1024"),
+    Axis("batch_size", int, "int32", 1, short="batch", within=lambda v: 1 <= v <= 1024, allowed="1 to 1024",
+         composition=True),
     Axis("seed", int, "int64", 0, within=lambda v: 0 <= v < 2**32, allowed="0 to 2**32-1"),
     Axis("temperature", float, "float64", 0.0, short="temp", within=lambda v: v >= 0, allowed="0 (greedy) or more"),
     Axis("top_p", float, "float64", 1.0, within=lambda v: 0 < v <= 1, allowed="0 < top_p <= 1"),
@@ -141,7 +145,7 @@ AXES_DECLARED: tuple[Axis, ...] = (
     #: tokens of each batch-mate's prompt (harness.experiment.context.padded): kernels pick their tiling by the
     #: tokens of the whole batch, so the same target may split beside long requests and not short ones
     Axis("filler_tokens", int, "int32", 0, later=True, short="mates", within=lambda v: 0 <= v <= 1_048_576,
-         allowed="0 (the fillers as written) to 1048576"),
+         allowed="0 (the fillers as written) to 1048576", composition=True),
     #: the Python interpreter a cell's worker runs under: 'current' (the harness's own) or one the
     #: experiment's `environments:` names (another venv, with another engine version)
     Axis("environment", str, "string", "current", per_load=True, later=True, later_group=True, short="env",
@@ -166,6 +170,8 @@ LOAD_AXES: tuple[str, ...] = tuple(a.name for a in AXES_DECLARED if a.per_load)
 LATER_AXES_DEFAULTS: dict[str, Any] = {a.name: a.default for a in AXES_DECLARED if a.later}
 #: per-load axes that, at these defaults, stay out of group ids
 LATER_GROUP_DEFAULTS: dict[str, Any] = {a.name: a.default for a in AXES_DECLARED if a.later_group}
+#: the axes that say only what shared the target's batch (Axis.composition)
+COMPOSITION_AXES: tuple[str, ...] = tuple(a.name for a in AXES_DECLARED if a.composition)
 #: short column names in tables
 SHORT: dict[str, str] = {a.name: a.short for a in AXES_DECLARED if a.short}
 

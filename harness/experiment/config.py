@@ -261,7 +261,7 @@ def _load(source: yamlsrc.Source, base: Path) -> LoadedExperiment:
 
     option_axes = _check_option_axes(source, swept, engine_options)
     include = _check_entries(source, "include", experiment.include, option_axes=option_axes)
-    option_axes |= _include_options(source, include, option_axes, engine_options)
+    option_axes |= _include_options(source, experiment.include, option_axes, engine_options)  # values as written
     exclude = _check_entries(source, "exclude", experiment.exclude, option_axes=option_axes)
     rules = []
     for index, rule in enumerate(experiment.expect):

@@ -3,6 +3,7 @@ models); loading and checking a file against it is harness.experiment.config."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,13 +44,19 @@ def option_value(name: str, value: Any) -> tuple[Any, str]:
             pass
     # YAML reads a bare on/off as true/false: an option spelled 'on' / 'off' gets its word back
     tries = [value] + (["on" if value else "off"] if isinstance(value, bool) else [])
+    if isinstance(value, str) and value[:1] in "[{":  # a list or mapping option's canonical text, read back
+        try:
+            tries.append(ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            pass
     for attempt in tries:
         try:
             typed = adapter.validate_python(attempt)
             return typed, str(typed)
         except ValidationError as exc:
             error = exc
-    raise ValueError(f"{name} {value!r}: {error.errors()[0]['msg']}") from None
+    # the value itself is not printed: an option may hold a credential (an --api-key among extra_args)
+    raise ValueError(f"{name} (given a {type(value).__name__}): {error.errors()[0]['msg']}") from None
 
 
 def as_list(value: Any) -> Any:

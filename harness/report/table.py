@@ -126,6 +126,8 @@ def verdict_lines(summary: pd.DataFrame, settings: pd.DataFrame | None = None) -
         if int(rec.get("logprobs_compared") or 0):
             same, compared = int(rec["logprobs_identical_runs"]), int(rec["logprobs_compared"])
             text += f"; {same}/{compared} with bitwise-equal log-probabilities"
+        elif compared:
+            text += "; log-probabilities not recorded"
         near = rec.get("near_ties")
         if near is not None and not pd.isna(near) and int(near) > 0:
             text += (f"; {int(near)} near ties ({rec['near_tie_density']:.0f} per 1000 tokens), "

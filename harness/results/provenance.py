@@ -14,6 +14,7 @@ from typing import Any
 
 import harness
 from harness.core import gpu_names
+from harness.core.cpus import usable_cpus
 from harness.core.redaction import secret_name
 
 ENV_PREFIXES = ("VLLM_", "CUDA_", "CUBLAS_", "NCCL_", "OMP_", "GGML_", "LLAMA_", "MKL_", "OPENBLAS_")
@@ -120,7 +121,7 @@ def collect(gpus: list[dict[str, str]] | None = None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count() or 0,
+        "cpu_count": usable_cpus(),  # the CPUs the run may use (a job's share of a node), not the node's
         "gpu_name": ", ".join(g.get("name", "") for g in gpus),
         "gpu_count": len(gpus),
         "gpu_driver": gpus[0].get("driver_version", "") if gpus else "",

@@ -22,10 +22,20 @@ def output_hash(token_ids: list[int]) -> str:
     return hashlib.blake2b(np.asarray(token_ids, dtype=np.int32).tobytes(), digest_size=12).hexdigest()
 
 
-def logprobs_hash(logprobs: list[float]) -> str | None:
+def recorded(values: list[float] | None) -> list[float] | None:
+    """Per-step values as the row keeps them: None (null) where the engine gave none at any step (a NaN
+    stands for "not given"), never a list of NaNs that later reads as numbers; a step left NaN among
+    given ones stays unknown, and readers skip it."""
+    if not values or all(v != v for v in values):
+        return None
+    return values
+
+
+def logprobs_hash(logprobs: list[float] | None) -> str | None:
     """Hash of the per-step chosen-token log-probabilities as float32 bytes: equal hashes mean
-    bitwise-equal log-probabilities. None when the engine gave none."""
-    if not logprobs:
+    bitwise-equal log-probabilities. None when the engine gave none, or not at every step: equality
+    is judged only on values that were recorded."""
+    if not logprobs or any(v != v for v in logprobs):
         return None
     return hashlib.blake2b(np.asarray(logprobs, dtype=np.float32).tobytes(), digest_size=12).hexdigest()
 
@@ -111,8 +121,8 @@ class RowMaker:
             "token_texts": t.token_texts or None,
             "finish_reason": t.finish_reason,
             "output_hash": output_hash(t.token_ids),
-            "logprobs": t.logprobs,
-            "margins": t.margins,
+            "logprobs": recorded(t.logprobs),
+            "margins": recorded(t.margins),
             "logprobs_hash": logprobs_hash(t.logprobs),
             "prefill_s": out.prefill_s,
             "ttft_s": out.ttft_s if out.ttft_s is not None or not out.token_times else out.token_times[0],
