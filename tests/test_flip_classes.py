@@ -375,7 +375,10 @@ def test_log_probabilities_an_engine_did_not_give_are_never_called_bitwise(tmp_p
     rows = pd.concat([pd.read_parquet(f) for f in (tmp_path / "out").rglob("*.parquet") if "cells" in str(f)])
     ok = rows[rows["status"] == "ok"]
     assert len(ok) and ok["logprobs_hash"].isna().all() and ok["logprobs"].isna().all() and ok["margins"].isna().all()
-    said = " ".join(run_harness("summarize", str(tmp_path / "out")).stdout.split())
-    assert "bitwise-equal" not in said and "log-probabilities not recorded" in said, said
-    gate = run_harness("check", str(tmp_path / "out"))
+    done = subprocess.run([sys.executable, "-m", "harness", "summarize", "out"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    said = " ".join(done.stdout.split())
+    assert "bitwise-equal" not in said and "log-probabilities not recorded" in said, said + done.stderr
+    gate = subprocess.run([sys.executable, "-m", "harness", "check", "out"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
     assert gate.returncode == 1 and "same_tokens" in gate.stdout, gate.stdout

@@ -51,6 +51,10 @@ def test_launched_server_rows_with_server_token_ids(write, tmp_path):
     for row in served.itertuples():
         detail = json.loads(row.engine_detail)
         assert detail["token_source"] == "server" and detail["requests_overlapped"] is True
+        # issue 65: every sampling field is sent, so a checkpoint's generation_config cannot fill one in
+        sent = detail["sampling_sent"]
+        assert sent["temperature"] == 0.0 and sent["top_p"] == 1.0 and sent["presence_penalty"] == 0.0
+        assert sent["frequency_penalty"] == 0.0 and sent["min_p"] == 0.0 and sent["repetition_penalty"] == 1.0
         # a run that stopped has one more decision step than tokens: the end it chose is not output
         assert 0 < row.n_tokens == len(row.token_ids) == len(row.margins) - (row.finish_reason == "stop")
     greedy = served[served.batch_size == 1].groupby("prompt_id").output_hash.nunique()

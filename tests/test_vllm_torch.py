@@ -113,3 +113,15 @@ def test_doctor_fails_before_any_run_on_a_vllm_that_pins_another_torch(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "MISSING vllm" in done.stdout and "stand-in vLLM: undefined symbol" in done.stdout
     assert "vllm 0.0.1 pins torch==1.0.0, and torch here is" in done.stdout
+
+
+def test_vllm_refuses_the_batch_invariant_mode_with_draft_tokens_before_it_loads():
+    """Issue 65: vLLM up to 0.34 starts with the mode and speculative decoding together without a word,
+    though the mode does not cover the drafter: such cells end unsupported, with the reason."""
+    from harness.engines.base import LoadSpec
+    from harness.engines.vllm import VllmEngine
+
+    both = VllmEngine.refusal(LoadSpec("vllm", "m", "auto", "any", True, {}, draft_tokens=3))
+    assert both and "drafter" in both
+    assert VllmEngine.refusal(LoadSpec("vllm", "m", "auto", "any", False, {}, draft_tokens=3)) is None
+    assert VllmEngine.refusal(LoadSpec("vllm", "m", "auto", "any", True, {})) is None

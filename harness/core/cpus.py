@@ -72,3 +72,10 @@ def usable_cpus(environ: dict[str, str] | None = None, root: Path = CGROUP_ROOT)
     if slurm.isdigit() and int(slurm) > 0:
         counts.append(int(slurm))
     return max(1, min(counts))
+
+
+def fewer_than_node() -> int | None:
+    """usable_cpus() where it is below the node's count, None where the whole node may be used: what to
+    pass to an engine whose own default counts the node's cores (llama-server's -t, torch's threads)."""
+    usable = usable_cpus()
+    return usable if usable < (os.cpu_count() or usable) else None

@@ -18,13 +18,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 REDACTED = "<redacted>"
 
 #: words of a name that mark its value as a credential ('hf_token', 'api-key', 'PASSWD', 'auth')
 _WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd", "auth", "authorization",
           "credential", "credentials", "bearer", "cookie", "private"}
+#: short flags that carry a credential though no word of theirs says so (llama.cpp's -hft: --hf-token)
+_SHORT_FLAGS = {"hft"}
 #: names ending so hold the *name* of an environment variable, never the secret itself
 _NAMES_A_VARIABLE = ("_env", "_env_var", "-env")
 #: a reference to an environment variable, filled in at run time: `${NAME}`
@@ -76,26 +77,46 @@ def secret_name(name: str) -> bool:
     if not lowered or lowered.endswith(_NAMES_A_VARIABLE):
         return False
     words = [w for w in re.split(r"[^a-z0-9]+", lowered) if w]
+    if lowered in _SHORT_FLAGS:
+        return True
     return any(w in _WORDS or w.endswith(("token", "secret", "password", "apikey")) for w in words)
 
 
+#: a URL in free text (a description, an error, a log line): it ends at whitespace or a quote
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+#: a query parameter of a URL ('?api_key=X', '&token=X')
+_QUERY = re.compile(r"([?&;])([^=&#;\s]+)=([^&#;\s]*)")
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where a URL's user information ends (the index of its '@'), -1 without one: the last '@' of the
+    URL, since a password may hold '/', '?', '#' or '@' unescaped ('u:pa/ss@host'), so the host is what
+    follows the last '@', never what a parser takes for the first path segment. An '@' further on (an
+    address in a query) hides more than it must, never less."""
+    return rest.rfind("@")
+
+
 def redact_url(text: str) -> str:
-    """A URL without its user information and without the values of credential query parameters."""
+    """A URL without its user information and without the values of credential query parameters; text
+    around it kept. Nothing to hide: the URL as written (so ids of such options never change)."""
     if "://" not in text:
         return text
-    try:
-        parts = urlsplit(text)
-    except ValueError:
-        return text
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
-    hidden_user = bool(userinfo) and not _referred_userinfo(userinfo)
-    if not hidden_user and not any(secret_name(k) and not is_reference(v) for k, v in pairs):
-        return text  # nothing to hide: the URL as written (so ids of such options never change)
-    netloc = f"{REDACTED}@{parts.netloc.rsplit('@', 1)[1]}" if hidden_user else parts.netloc
-    query = urlencode([(k, REDACTED if secret_name(k) and not is_reference(v) else v) for k, v in pairs],
-                      safe="<>${}") if pairs else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    scheme, _, rest = text.partition("://")
+    at = _userinfo_end(rest)
+    if at >= 0 and not _referred_userinfo(rest[:at]):
+        rest = f"{REDACTED}{rest[at:]}"
+
+    def query(match: re.Match[str]) -> str:
+        lead, name, value = match.groups()
+        hidden = secret_name(name) and value and not is_reference(value) and value != REDACTED
+        return f"{lead}{name}={REDACTED}" if hidden else match.group(0)
+
+    return f"{scheme}://{_QUERY.sub(query, rest)}"
+
+
+def hide_urls(text: str) -> str:
+    """Free text with every URL in it through redact_url, the text around each kept as written."""
+    return _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
 
 
 def _referred_userinfo(userinfo: str) -> bool:
@@ -132,7 +153,7 @@ def redact(value: Any, name: str = "") -> Any:
     if isinstance(value, (list, tuple)):
         return _args(list(value))
     if isinstance(value, str):
-        return redact_url(value)
+        return redact_text(value)  # one rule for every string: its shapes, URLs, flags and assignments
     return value
 
 
@@ -150,20 +171,22 @@ def secret_values(value: Any, name: str = "") -> set[str]:
                 found.add(item.partition("=")[2])
         return found
     if isinstance(value, str) and "://" in value:
-        try:
-            parts = urlsplit(value)
-        except ValueError:
-            return set()
-        userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
-        found = {userinfo} if userinfo and not _referred_userinfo(userinfo) else set()
-        if parts.password and not is_reference(parts.password):
-            found.add(parts.password)
-        return found | {v for k, v in parse_qsl(parts.query) if secret_name(k) and v and not is_reference(v)}
+        found: set[str] = set()
+        for url in _URL.findall(value):
+            rest = url.partition("://")[2]
+            at = _userinfo_end(rest)
+            if at >= 0 and not _referred_userinfo(rest[:at]):
+                found.add(rest[:at])
+                found.add(rest[:at].partition(":")[2])
+            found |= {v for _, k, v in _QUERY.findall(rest) if secret_name(k) and v and not is_reference(v)}
+        return {f for f in found if f}
+    if isinstance(value, str):
+        return set(_BARE.findall(value))
     return set()
 
 
-#: a URL's user information in free text
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@'\"<>]+)@")
+#: an HTTP authorization scheme and its credential, wherever it stands ('Bearer X', 'token: Basic X')
+_SCHEME = re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]{8,})")
 #: an HTTP credential header, as a log or a repr writes it ('Authorization: Bearer X', {'x-api-key': 'X'})
 _HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|x-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)"
                      r"((?:bearer|basic|token)\s+)?([^\s'\",}]+)")
@@ -178,6 +201,15 @@ _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)(=|\s+)(?=[^\s-])([^\s'
 _BARE = re.compile(r"(?<![A-Za-z0-9_-])(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
                    r"|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}"
                    r"|AKIA[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
+
+
+def hide_shapes(text: str) -> str:
+    """Text with the credentials recognisable by shape alone hidden, whatever field or option holds it:
+    tokens of the usual shapes (_BARE), URL user information and credential query values, and the
+    credential of an HTTP authorization scheme ('Bearer X'); the text around each kept."""
+    text = hide_urls(_BARE.sub(REDACTED, text))
+    return _SCHEME.sub(lambda m: m.group(0) if m.group(3).startswith("$") else f"{m.group(1)}{m.group(2)}{REDACTED}",
+                       text)
 
 
 def has_credential(text: str) -> bool:
@@ -195,9 +227,7 @@ def redact_text(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> 
         return text
     for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
         text = text.replace(secret, REDACTED)
-    text = _BARE.sub(REDACTED, text)
-    text = _URL_USERINFO.sub(lambda m: m.group(0) if _referred_userinfo(m.group(2)) else f"{m.group(1)}{REDACTED}@",
-                             text)
+    text = hide_shapes(text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{REDACTED}"
                        if not m.group(4).startswith("$") else m.group(0), text)
 

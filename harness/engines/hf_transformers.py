@@ -31,7 +31,7 @@ from harness.engines.base import (
     Unsupported,
     template_sha256,
 )
-from harness.engines.parts.hf_continuous import HfContinuous
+from harness.engines.parts.hf_continuous import CONTINUOUS_FLOOR, HfContinuous
 from harness.engines.parts.hf_padded import HfPadded
 from harness.models import catalog as models
 
@@ -113,8 +113,9 @@ class TransformersEngine(HfPadded, HfContinuous, Engine):
     @classmethod
     def probe_summary(cls, facts: dict[str, Any]) -> str:
         where = f"CUDA {facts.get('cuda')} on {facts.get('device')}" if facts.get("device") else "no CUDA device (CPU)"
+        gap = facts.get("continuous_gap", "" if facts.get("continuous") else "not in this transformers")
         return (f"transformers {facts.get('transformers')}, torch {facts.get('torch')}, {where}; continuous batching "
-                f"{'available' if facts.get('continuous') else 'not in this transformers'}")
+                f"{gap or 'available'}")
 
     @classmethod
     def needs(cls, facts: dict[str, Any], cells: list[dict[str, Any]], options: dict[str, Any],
@@ -123,9 +124,10 @@ class TransformersEngine(HfPadded, HfContinuous, Engine):
         finding: their cells are skipped on this machine)."""
         found = []
         batchings = {c.get(f"{cls.name}.batching") or options.get("batching", "padded") for c in cells}
-        if "continuous" in batchings and not facts.get("continuous"):
-            found.append(Finding(cls.name, f"transformers {facts.get('transformers')} has no continuous batching: "
-                                           "those cells will be unsupported", False, "pip install 'transformers>=4.56'"))
+        gap = facts.get("continuous_gap", "" if facts.get("continuous") else "no continuous batching")
+        if "continuous" in batchings and gap:
+            found.append(Finding(cls.name, f"continuous batching: {gap}: those cells will be unsupported", False,
+                                 f"pip install 'transformers>={CONTINUOUS_FLOOR}'"))
         return found
 
     def __init__(self, spec: LoadSpec, log: Log, base: Path | None = None) -> None:
@@ -285,8 +287,10 @@ class TransformersEngine(HfPadded, HfContinuous, Engine):
 _PROBE = """
 import json
 import torch, transformers
+from harness.engines.parts.hf_continuous import continuous_gap
+gap = continuous_gap(transformers)
 out = {"transformers": transformers.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
-       "continuous": hasattr(transformers.GenerationMixin, "generate_batch")}
+       "continuous": gap is None, "continuous_gap": gap or ""}
 if torch.cuda.is_available():
     out["device"] = torch.cuda.get_device_name(0)
 print(json.dumps(out))

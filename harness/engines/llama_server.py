@@ -7,7 +7,6 @@ and slot count; the model's chat template is applied by the server (`/apply-temp
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from harness.core.cpus import usable_cpus
+from harness.core.cpus import fewer_than_node
 from harness.core.process_end import died_of, how_it_ended
 from harness.engines.base import (
     HONOUR,
@@ -173,9 +172,7 @@ class LlamaServerEngine(Engine):
         self._lengths: dict[str, int] = {}
         self.server_version = server_version(self.binary)
         self.build_sha256 = build_sha256(Path(self.binary))
-        # the job's CPUs where they are fewer than the node's (llama-server's own default counts the node's cores)
-        usable = usable_cpus()
-        self.n_threads = self.opts.n_threads or (usable if usable < (os.cpu_count() or usable) else None)
+        self.n_threads = self.opts.n_threads or fewer_than_node()  # llama-server's default counts the node's cores
         self.extra = kernel_choice(self.binary, self.model_path, self.opts.extra_bufts, self.n_threads,
                                    self.opts.startup_timeout_s, log, self.model_sha256)
         if self.extra.warning:

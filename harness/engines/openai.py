@@ -36,6 +36,15 @@ from harness.engines.parts.end_of_generation import gguf_end_ids, without_end
 from harness.engines.parts.server_process import ManagedServer, free_port, get_json, log_dir, post_concurrently
 from harness.models import catalog as models
 
+#: sampling fields every request sets, at the values that leave sampling alone: a server (vLLM, SGLang)
+#: fills any field a request omits from the checkpoint's generation_config.json (a repetition penalty,
+#: a top-k, a min-p), so a field left out is a setting the experiment did not choose
+NEUTRAL_SPEC: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+#: the same for fields outside the OpenAI spec (`neutral_sampling`): vLLM and SGLang's names, and llama-server's
+NEUTRAL_EXTRA: dict[str, Any] = {"min_p": 0.0, "repetition_penalty": 1.0, "repeat_penalty": 1.0}
+#: the request fields recorded as sent (a row's engine_detail `sampling_sent`)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", *NEUTRAL_SPEC, *NEUTRAL_EXTRA)
+
 
 class OpenAIOptions(EngineOptions):
     base_url: str | None = Field(None, description="a running server as OpenAI clients write it, e.g. "
@@ -48,6 +57,9 @@ class OpenAIOptions(EngineOptions):
     served_model: str | None = Field(None, description="'model' in requests; default: the model axis value")
     api_key_env: str | None = Field(None, description="name of the environment variable holding an API key (never stored)")
     top_k: bool = Field(True, description="send top_k (not in the OpenAI spec; vLLM, SGLang, llama-server accept it)")
+    neutral_sampling: bool = Field(True, description="send min_p 0 and repetition_penalty / repeat_penalty 1 (not in the "
+                                   "OpenAI spec; vLLM, SGLang, llama-server accept them), so that a checkpoint's "
+                                   "generation_config.json cannot fill them in for a request that omits them")
     startup_timeout_s: float = Field(600, gt=0)
     request_timeout_s: float = Field(600, gt=0)
 
@@ -217,6 +229,7 @@ class OpenAIEngine(Engine):
                 body["seed"] = seed
             if self.opts.top_k:
                 body["top_k"] = sampling.top_k if sampling.top_k > 0 else -1
+            body |= NEUTRAL_SPEC | (NEUTRAL_EXTRA if self.opts.neutral_sampling else {})
             bodies.append(body)
         sent = post_concurrently(self.api + "/chat/completions", bodies, self.opts.request_timeout_s,
                                  headers=self._headers)
@@ -242,6 +255,8 @@ class OpenAIEngine(Engine):
                 "system_fingerprint": answer.get("system_fingerprint"),
                 "server_model": answer.get("model"),
                 "not_returned": missing,
+                # every sampling field the request set: what the server was told, not what it may fill in
+                "sampling_sent": {k: v for k, v in bodies[target].items() if k in SAMPLING_FIELDS},
             },
         )
 

@@ -142,6 +142,11 @@ class VllmEngine(VllmDoctor, VllmGenerate, Engine):
             return f"vLLM engine cannot use dtype '{spec.dtype}'"
         if spec.kv_cache_dtype not in _KV_TYPES:
             return (f"vLLM's KV cache is the model's dtype (auto) or fp8, not '{spec.kv_cache_dtype}'")
+        if spec.batch_invariant and spec.draft_tokens:
+            # vLLM up to 0.34 starts with both and says nothing, yet its batch-invariant kernels do not cover
+            # the drafter's forward passes: a run would be called batch-invariant without being so
+            return ("batch_invariant with draft_tokens: vLLM's batch-invariant mode does not cover the speculative "
+                    "drafter's path (no release up to 0.34 says it does), so the run would not be batch-invariant")
         return None
 
     @classmethod

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, create_model, field_validator
 
+from harness.core.redaction import redact
 from harness.engines.registry import engine_names, options_model
 from harness.experiment import yamlsrc
 from harness.experiment.answers import ParseRule
@@ -55,8 +56,9 @@ def option_value(name: str, value: Any) -> tuple[Any, str]:
             return typed, str(typed)
         except ValidationError as exc:
             error = exc
-    # the value itself is not printed: an option may hold a credential (an --api-key among extra_args)
-    raise ValueError(f"{name} (given a {type(value).__name__}): {error.errors()[0]['msg']}") from None
+    # a list or mapping is not printed (an --api-key among extra_args); a scalar is, redacted by its option's name
+    shown = repr(redact(value, option)) if isinstance(value, (str, int, float, bool)) else f"(a {type(value).__name__})"
+    raise ValueError(f"{name} {shown}: {error.errors()[0]['msg']}") from None
 
 
 def as_list(value: Any) -> Any:

@@ -123,7 +123,9 @@ def _unfixed_alone(generate: Generate, text: str, sampling: Sampling, seen: str)
     decoding does not repeat either, when nothing can be blamed on the seed."""
     if not _greedy_repeats(generate, text, sampling, 1):
         return SeedCheck("unrepeatable", "batch 1 does not repeat itself even greedy; the seed cannot be checked")
-    return SeedCheck("ignored", f"{seen} while greedy decoding repeats: the seed does not fix the sampling")
+    return SeedCheck("ignored", f"{seen} while greedy decoding repeats: the seed does not fix the sampling (as a "
+                                "server that ignores a request's seed samples anew each time: SGLang unless started "
+                                "with --enable-deterministic-inference)")
 
 
 def check(generate: Generate, texts: list[str], sampling: Sampling, batch_size: int) -> SeedCheck:

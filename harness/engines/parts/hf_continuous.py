@@ -4,9 +4,11 @@ whole load as a server keeps its scheduler (a part of harness.engines.hf_transfo
 
 The manager samples with one generator for every request, so a draw would depend on the batch-mates:
 only greedy decoding is run. It hands out the chosen tokens' log-probabilities and each token's
-time, not logits: margins are NaN and a logit probe is refused. Prefix sharing between requests
-(`allow_block_sharing`) and the switch to flash attention are turned off, so that the attention
-implementation asked for is the one that runs and no request reuses another's KV.
+time, not logits: margins are not recorded and a logit probe is refused. Prefix sharing between
+requests (`allow_block_sharing`) and the switch to flash attention are turned off, so that the
+attention implementation asked for is the one that runs and no request reuses another's KV; a
+transformers whose ContinuousBatchingConfig cannot turn sharing off or return log-probabilities
+(before 5.4) is refused (`continuous_gap`), never run on its defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +19,48 @@ from typing import Any
 
 from harness.engines.base import BatchOutput, Sampling, SequenceOutput, StepObserver, Unsupported
 from harness.engines.parts.end_of_generation import without_end
+
+#: what a continuous batch must be run with to measure what it claims: its own log-probabilities, no request
+#: reading another's KV blocks, and the attention asked for (no switch to flash); each applied where the
+#: installed transformers has the field
+CONFIG_WANTED: dict[str, bool] = {"return_logprobs": True, "allow_block_sharing": False, "auto_switch_to_flash": False}
+#: the fields without which a continuous batch is not run: rows would hold no log-probabilities, or
+#: requests would share KV blocks (ContinuousBatchingConfig has both from transformers 5.4 on)
+CONFIG_REQUIRED = ("return_logprobs", "allow_block_sharing")
+#: the first transformers whose ContinuousBatchingConfig holds CONFIG_REQUIRED (read from its released source)
+CONTINUOUS_FLOOR = "5.4"
+
+
+def config_fields(transformers: Any) -> set[str] | None:
+    """The fields of this transformers' ContinuousBatchingConfig; None where it has none."""
+    import dataclasses
+    import inspect
+
+    config = getattr(transformers, "ContinuousBatchingConfig", None)
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config):
+        return {f.name for f in dataclasses.fields(config)}
+    return set(inspect.signature(config).parameters)
+
+
+def continuous_gap(transformers: Any) -> str | None:
+    """Why this transformers cannot run a continuous batch as the harness measures it (its version and
+    the field it lacks), None where it can: one answer for the engine, which refuses such cells as
+    unsupported, and for doctor."""
+    version = getattr(transformers, "__version__", "?")
+    if not hasattr(getattr(transformers, "GenerationMixin", None), "init_continuous_batching"):
+        return f"transformers {version} has no continuous batching (init_continuous_batching)"
+    fields = config_fields(transformers)
+    if fields is None:
+        return (f"transformers {version} has no ContinuousBatchingConfig, so neither log-probabilities nor KV blocks "
+                f"kept apart can be asked for (transformers {CONTINUOUS_FLOOR} on has both)")
+    missing = [f for f in CONFIG_REQUIRED if f not in fields]
+    if missing:
+        return (f"transformers {version}'s ContinuousBatchingConfig has no {', '.join(missing)} "
+                f"(transformers {CONTINUOUS_FLOOR} on has it)")
+    return None
+
 
 #: the longest generation the manager is first started for (a cell that asks for more restarts it)
 _FIRST_TOKENS = 256
@@ -34,9 +78,9 @@ class HfContinuous:
     def _open_continuous(self) -> None:
         """Start the load's manager (so that what describe() reads, the attention it switched to, is what
         runs), or refuse a transformers without continuous batching, naming its version."""
-        if not hasattr(self.model, "init_continuous_batching"):
-            raise Unsupported(f"batching continuous: transformers {self._transformers.__version__} has no continuous "
-                              "batching (init_continuous_batching); it came with transformers 4.56")
+        gap = continuous_gap(self._transformers)
+        if gap:
+            raise Unsupported(f"batching continuous: {gap}")
         self._start_manager(_FIRST_TOKENS)
 
     def _start_manager(self, max_tokens: int) -> Any:
@@ -48,15 +92,14 @@ class HfContinuous:
 
         generation = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, pad_token_id=self.pad_id,
                                       eos_token_id=None if self.opts.ignore_eos else sorted(self._eos))
-        kwargs: dict[str, Any] = {"generation_config": generation}
-        try:
-            from transformers import ContinuousBatchingConfig
-
-            kwargs["continuous_batching_config"] = ContinuousBatchingConfig(
-                return_logprobs=True, allow_block_sharing=False, auto_switch_to_flash=False)
-            self._cb_config = "return_logprobs, no block sharing, no switch to flash"
-        except (ImportError, TypeError):  # an older transformers: its defaults, said in the rows' detail
-            self._cb_config = "transformers' defaults (no ContinuousBatchingConfig here)"
+        fields = config_fields(self._transformers) or set()
+        applied = {k: v for k, v in CONFIG_WANTED.items() if k in fields}
+        kwargs: dict[str, Any] = {"generation_config": generation,
+                                  "continuous_batching_config": self._transformers.ContinuousBatchingConfig(**applied)}
+        # what the rows' detail says: each field as applied, and one this transformers does not have
+        self._cb_config = ", ".join([f"{k}={v}" for k, v in applied.items()]
+                                    + [f"{k}: not a field in transformers {self._transformers.__version__}"
+                                       for k in CONFIG_WANTED if k not in applied])
         self._manager = self.model.init_continuous_batching(**kwargs)
         self._manager.start()
         self._manager_tokens = max_tokens

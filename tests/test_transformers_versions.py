@@ -1,0 +1,59 @@
+"""Issue 65: continuous batching on a transformers whose ContinuousBatchingConfig lacks a field ran on
+transformers' defaults (requests sharing KV blocks, no log-probabilities) while the rows said the fields
+were off. Now each field the installed version has is applied, and a version that cannot return
+log-probabilities or keep KV blocks apart is refused with its version and the field, by one function that
+the engine and doctor both ask. The versions stand in as namespaces shaped as those releases' modules
+(named so: no second transformers is installed here); the installed one is asked for real."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from harness.engines.parts import hf_continuous
+
+
+class _Mixin:
+    def init_continuous_batching(self):  # the method's presence is what is read
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class _Config517:  # 5.4 to 5.18: no auto_switch_to_flash
+    return_logprobs: bool = False
+    allow_block_sharing: bool = True
+
+
+@dataclasses.dataclass
+class _ConfigNoSharing:
+    return_logprobs: bool = False
+
+
+def test_a_transformers_that_cannot_keep_kv_blocks_apart_or_return_logprobs_is_refused_with_the_field():
+    old = SimpleNamespace(__version__="4.57.6", GenerationMixin=_Mixin)
+    assert "4.57.6 has no ContinuousBatchingConfig" in hf_continuous.continuous_gap(old)
+    partial = SimpleNamespace(__version__="5.9.9", GenerationMixin=_Mixin, ContinuousBatchingConfig=_ConfigNoSharing)
+    gap = hf_continuous.continuous_gap(partial)
+    assert "5.9.9" in gap and "allow_block_sharing" in gap and "return_logprobs" not in gap
+    none = SimpleNamespace(__version__="4.40.0", GenerationMixin=object)
+    assert "no continuous batching" in hf_continuous.continuous_gap(none)
+    enough = SimpleNamespace(__version__="5.17.0", GenerationMixin=_Mixin, ContinuousBatchingConfig=_Config517)
+    assert hf_continuous.continuous_gap(enough) is None
+    assert hf_continuous.config_fields(enough) == {"return_logprobs", "allow_block_sharing"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
+def test_the_installed_transformers_is_judged_as_doctor_says():
+    import transformers
+
+    from harness.engines.hf_transformers import TransformersEngine
+
+    gap = hf_continuous.continuous_gap(transformers)
+    facts = {"transformers": transformers.__version__, "continuous": gap is None, "continuous_gap": gap or ""}
+    summary = TransformersEngine.probe_summary(facts)
+    assert ("continuous batching available" in summary) is (gap is None)
+    found = TransformersEngine.needs(facts, [{"transformers.batching": "continuous"}], {}, False)
+    assert bool(found) is (gap is not None)
