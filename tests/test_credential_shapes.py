@@ -1,8 +1,9 @@
 """Issue 65: one redaction for every string stored or printed. Credentials of every common shape
 (user:password URLs with any characters in the password, credential query keys, bearer tokens with and
 without a header name, provider key prefixes, JWTs, long and short flags) are planted, by hypothesis, in
-the experiment's free fields and engine options; no stored file (manifest, experiment snapshot) and no
-output of `plan` and `check --expect` holds one, and the text around each is kept."""
+the experiment's free fields and engine options; no stored file (manifest, experiment snapshot, report)
+and no output of `plan`, `check --expect`, `status`, `summarize` and `report` holds one, and the text
+around each is kept."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def test_no_file_or_output_of_an_experiment_holds_a_planted_credential(tmp_path_
     live = load_experiment(root / "exp.yaml", model_files=False)
     folder = ResultsFolder(root / "out")
     folder.adopt(live)
-    said = [run_harness("plan", str(root / "exp.yaml")), run_harness("check", str(root / "out"), "--expect",
-                                                                       str(root / "rules.yaml"))]
+    out = str(root / "out")
+    said = [run_harness("plan", str(root / "exp.yaml")), run_harness("check", out, "--expect", str(root / "rules.yaml")),
+            run_harness("status", out), run_harness("summarize", out), run_harness("report", out)]
     texts = [p.read_text(errors="replace") for p in (root / "out").rglob("*") if p.is_file()]
     texts += [done.stdout + done.stderr for done in said]
     for secret in secrets:

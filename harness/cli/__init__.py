@@ -37,7 +37,9 @@ def main(argv: Optional[list[str]] = None, start: Any = None) -> Any:
     from rich.markup import escape
 
     from harness.core.errors import HarnessError, describe_os_error
+    from harness.core.redaction import redact_standard_streams
 
+    redact_standard_streams()  # whatever a command prints leaves through one redaction
     app = application()
     try:
         # without standalone mode, Exit(n) returns n

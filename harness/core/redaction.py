@@ -15,7 +15,9 @@ Text that may quote a secret (an error, a log line, a setup line) goes through `
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +266,54 @@ def scrub(path: Path, secrets: set[str]) -> None:
     clean = redact_text(text, secrets)
     if clean != text:
         path.write_text(clean, encoding="utf-8")
+
+
+class RedactingStream(io.TextIOBase):
+    """A text stream (the process's stdout or stderr) that writes every line through hide_shapes: the
+    one place every printed string leaves the harness, whatever printed it (a table, an error, a
+    library's warning), so a credential recognisable by its shape is never shown. Text is held until
+    its line ends (a shape split over two writes is still one), and written at a flush as it stands."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self._held = ""
+
+    def write(self, text: str) -> int:
+        self._held += text
+        end = max(self._held.rfind("\n"), self._held.rfind("\r"))
+        if end >= 0:
+            done, self._held = self._held[:end + 1], self._held[end + 1:]
+            self.inner.write(hide_shapes(done))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, ""
+            self.inner.write(hide_shapes(held))
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.inner, "encoding", "utf-8")
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self.inner, "errors", None)
+
+
+def redact_standard_streams() -> None:
+    """Put the process's stdout and stderr behind RedactingStream (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))
