@@ -224,3 +224,18 @@ def _logprob_comparison(
     ok.loc[pending.index, "logprob_first_diff"] = pd.to_numeric(pd.Series(first, index=pending.index, dtype=object))
     ok.loc[pending.index, "logprob_max_abs_diff"] = largest
     return ok
+
+
+def earliest_moved(compared: pd.DataFrame) -> pd.DataFrame:
+    """Per cell that is not its own reference, the run that moved earliest against its reference run
+    (`compared`: against_reference's frame): its tokens split first, else its first log-probability
+    that differs; with `split`, that step (harness locate rebuilds it)."""
+    other = compared[compared["cell_id"].astype(str) != compared["reference_cell"].astype(str)]
+    lp_moved = other["logprobs_identical"].eq(False).fillna(False) if "logprobs_identical" in other else False
+    moved = other[other["first_divergence"].notna() | lp_moved].copy()
+    if moved.empty:
+        return moved
+    split = moved["first_divergence"].where(moved["first_divergence"].notna(), moved.get("logprob_first_diff"))
+    moved["split"] = pd.to_numeric(split, errors="coerce")
+    moved = moved[moved["split"].notna()].sort_values(["cell_id", "split", "prompt_id", "repeat"], kind="stable")
+    return moved.drop_duplicates("cell_id")

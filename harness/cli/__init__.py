@@ -1,5 +1,5 @@
 """The command line, one module per command group (as asv's `commands/`): `running` (plan, run,
-submit), `statistics` (summarize, rescore, compare, check), `replaying` (replay), `figures`
+submit), `statistics` (summarize, rescore, compare, check), `replaying` (replay, locate), `figures`
 (report, plot), `folders` (status, merge) and `machine` (doctor, models); `common` holds the apps
 and shared options.
 
@@ -19,7 +19,7 @@ def application() -> Any:
     # imported in the order `harness --help` lists their commands: the pipeline's
     from harness.cli import running  # noqa: F401, I001 - registers plan, run, submit
     from harness.cli import statistics  # noqa: F401 - summarize, rescore, compare, check
-    from harness.cli import replaying  # noqa: F401 - replay
+    from harness.cli import replaying  # noqa: F401 - replay, locate
     from harness.cli import figures  # noqa: F401 - report, plot
     from harness.cli import folders  # noqa: F401 - status, merge
     from harness.cli import machine  # noqa: F401 - doctor, models

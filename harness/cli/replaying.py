@@ -1,4 +1,5 @@
-"""`replay`: a folder's recorded outputs forced through an engine's decode loop, step by step."""
+"""`replay`: a folder's recorded outputs forced through an engine's decode loop, step by step; `locate`: the
+first operation whose output differs between a run and its reference."""
 
 from __future__ import annotations
 
@@ -70,3 +71,59 @@ def replay(
         screen.print("no stored replays for these results (run 'harness replay' without --stats-only)")
     else:
         screen.print(replay_table(replaying.summary(found)))
+
+
+@command()
+def locate(
+    results: ResultsArg,
+    step: str = typer.Option("both", "--step", help="Which forward pass to rebuild: prefill, split (the step where "
+                             "the run split from its reference), or both."),
+    stats_only: bool = typer.Option(False, "--stats-only", help="Show the findings already stored; trace nothing."),
+    any_device: bool = typer.Option(False, "--any-device", help="Trace runs that ran on a GPU this machine lacks here anyway."),
+    where: list[str] = typer.Option([], "--where", help="Locate only the cells with this setting, AXIS=VALUE (repeatable)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, or json / csv: one record per traced step."),
+    all_cells: AllCellsOpt = False,
+) -> None:
+    """Say why runs split: the first operation whose output differs between a run and its reference.
+
+    For each setting whose runs moved against their reference (tokens, or a log-probability not
+    bitwise equal), one run and its reference run are rebuilt forward pass by forward pass exactly
+    as they ran (the same batch-mates, padding, positions, load and environment), at the prefill and
+    at the step where the run split, and every module's output on the run's own elements is compared:
+    the first module that differs is named with the one before it that agreed, then every torch op
+    inside it ("alone: X; in the batch: Y" where the two passes call different kernels). A rebuilt
+    pass whose log-probability is not bitwise the row's names nothing: "could not rebuild this step".
+    Traces land in RESULTS/located/ (per op, with digests for `harness compare` across machines) and
+    RESULTS/located_steps/ (per step). Engines: transformers (padded batching); the others refuse with
+    the reason.
+    """
+    from harness.analysis.divergence import earliest_moved
+    from harness.analysis.folder_analysis import Analysis
+    from harness.experiment.settings_args import parse_settings
+    from harness.experiment.varying import varying
+    from harness.run import locate as locating
+
+    allowed("--format", fmt, ("table", "json", "csv"))
+    allowed("--step", step, ("prefill", "split", "both"))
+    found = open_folder(results, all_cells).restricted(parse_settings(where, "--where"), "--where")
+    screen = data_console(fmt)
+    if not stats_only:
+        kinds = locating.STEP_KINDS if step == "both" else (step,)
+        analysis = Analysis(found)
+        moved, keys = earliest_moved(analysis.compared), varying(analysis.compared, analysis.setting_keys) or ["engine"]
+        with stdout_to_stderr(fmt != "table"):
+            written, refused = locating.locate(found, moved, keys, kinds, log=lambda m: screen.print(escape(m)),
+                                               any_device=any_device)
+        if written:
+            screen.print(f"wrote {len(written)} trace file(s) under {escape(str(written[0].parent.parent.parent))}")
+        for why in refused:
+            screen.print(f"[yellow]not located[/yellow]: {escape(why)}")
+    steps = locating.read_steps(found.root)
+    if fmt in ("json", "csv"):
+        write_frame(steps, fmt)
+    elif steps.empty:
+        screen.print("no stored traces for these results (run 'harness locate' without --stats-only)")
+    else:
+        for record in steps.sort_values(["setting", "prompt_id", "step"], kind="stable").to_dict("records"):
+            screen.print(f"{escape(record['setting'])} / {escape(record['prompt_id'])} run {record['repeat']}, "
+                         f"{record['step_kind']} (step {record['step']}): {escape(record['finding'])}")

@@ -269,6 +269,13 @@ def compare(
     screen = console()
     for item in compare_view(result, str(a), str(b), tuple(ignore)):
         screen.print(item)
+    from harness.run.locate import across
+
+    traced = across(side_a, side_b, tuple(ignore))  # where both folders hold `harness locate` traces
+    if traced:
+        screen.print("where the traced forward passes part (harness locate's digests, op by op):")
+    for line in traced:
+        screen.print(f"  {escape(line)}")
 
 
 def _noise_floor(a: Any, b: Any, ignore: tuple[str, ...], fmt: str, gate: bool, any_device: bool) -> None:

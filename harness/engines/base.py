@@ -255,6 +255,11 @@ class Engine(ABC):
     replay_unavailable: ClassVar[str | None] = ("forced decoding feeds recorded tokens into the decode loop, which "
                                                 "this engine does not run in this process (llamacpp does)")
 
+    #: why `trace` (harness.run.locate: each op's output of one rebuilt forward pass) cannot run on this
+    #: engine; None where it can
+    trace_unavailable: ClassVar[str | None] = ("tracing each operation's output needs the model's modules or "
+                                               "compute graph in this process (transformers does)")
+
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:
         """A reason this engine will not run `spec`, known before loading; None if it may."""
@@ -339,6 +344,15 @@ class Engine(ABC):
         it) and the tokens before it, from one prefill, alone, without a cache (harness.run.rescore).
         Default: refused with `score_unavailable`."""
         raise Unsupported(f"{self.name}: {self.score_unavailable}")
+
+    def trace(self, prompts: list[str], target: int, sampling: Sampling, forced: list[int], step: int,
+              record: Callable[[str, str, Any], None], inside: str | None = None) -> Any:
+        """Rebuild this batch's forward pass at decode step `step` (0: the prefill) exactly as generate ran
+        it, the target fed `forced` (its recorded tokens), calling `record(name, op, values)` with each
+        op's output on the target's own elements in the order the pass runs them (`inside` a named part:
+        the ops that part runs); return the target's log-probabilities at that step (a float32 vector).
+        Default: refused with `trace_unavailable`."""
+        raise Unsupported(f"{self.name}: {self.trace_unavailable}")
 
     def probe_scope(self) -> str:
         """What a logit probe sees on this engine, for the rows' probe_reference column."""

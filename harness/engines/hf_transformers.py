@@ -33,6 +33,7 @@ from harness.engines.base import (
 )
 from harness.engines.parts.hf_continuous import CONTINUOUS_FLOOR, HfContinuous
 from harness.engines.parts.hf_padded import HfPadded
+from harness.engines.parts.hf_trace import HfTrace
 from harness.models import catalog as models
 
 #: dtype axis -> torch dtype name ('auto': the checkpoint's own)
@@ -62,7 +63,7 @@ _NO_CACHE_REUSE = "the transformers engine keeps no KV between requests"
 _NO_LOGITS = "batching continuous: transformers' manager hands out no logits (batching padded has the probe)"
 
 
-class TransformersEngine(HfPadded, HfContinuous, Engine):
+class TransformersEngine(HfPadded, HfContinuous, HfTrace, Engine):
     name = "transformers"
     Options = TransformersOptions
     logit_probe_unavailable = None  # padded batching only (the continuous manager hands out no logits)

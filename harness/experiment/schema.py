@@ -180,10 +180,24 @@ class Expectation(Strict):
 
 class EnvironmentSpec(Strict):
     """A Python environment a cell's worker may run under (the `environment` axis): another venv with
-    another engine version. It needs the harness's own dependencies; this harness's code is put on
-    its path, so both environments run the same harness."""
+    another engine version, or the same interpreter with other environment variables (a kernel path:
+    `ATEN_CPU_CAPABILITY: avx2`; `CUBLAS_WORKSPACE_CONFIG`, `VLLM_ATTENTION_BACKEND`, NCCL settings on
+    GPU nodes). Another venv needs the harness's own dependencies; this harness's code is put on its
+    path, so both environments run the same harness."""
 
-    python: str = Field(min_length=1, description="its interpreter, e.g. /opt/venvs/llama-0.3.2/bin/python")
+    python: str | None = Field(None, min_length=1, description="its interpreter, e.g. /opt/venvs/llama-0.3.2/bin/python "
+                               "(default: the harness's own)")
+    env: dict[str, str] = Field({}, description="environment variables its workers start with, set before any "
+                                "engine library loads (recorded in the rows' env column where their prefix is one "
+                                "the rows keep; a credential's name never)")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _text_values(cls, value: Any) -> Any:
+        """YAML reads `1` and `on` as numbers and booleans: a variable's value is its text."""
+        if isinstance(value, dict):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
 
 
 #: the environment that needs no entry: the interpreter running the harness

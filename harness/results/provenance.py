@@ -17,7 +17,8 @@ from harness.core import gpu_names
 from harness.core.cpus import usable_cpus
 from harness.core.redaction import secret_name
 
-ENV_PREFIXES = ("VLLM_", "CUDA_", "CUBLAS_", "NCCL_", "OMP_", "GGML_", "LLAMA_", "MKL_", "OPENBLAS_")
+ENV_PREFIXES = ("VLLM_", "CUDA_", "CUBLAS_", "NCCL_", "OMP_", "GGML_", "LLAMA_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH_",
+                "PYTORCH_")
 
 
 def _cpu_model() -> str:

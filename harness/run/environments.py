@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import harness
+from harness.core.redaction import expand
 from harness.experiment.schema import CURRENT_ENVIRONMENT, LoadedExperiment
 
 #: the folder holding the `harness` package: what another interpreter gets on its path
@@ -28,10 +29,18 @@ _CHECK = ("import json, harness.run.worker; from harness.results.provenance impo
 def interpreter(loaded: LoadedExperiment, name: str) -> str:
     """The interpreter of environment `name` ('' for the current one); a relative path is taken
     from the experiment file's folder, and `~` is expanded."""
-    if name == CURRENT_ENVIRONMENT:
+    if name == CURRENT_ENVIRONMENT or not loaded.experiment.environments[name].python:
         return ""
     python = Path(os.path.expanduser(loaded.experiment.environments[name].python))
     return str(python if python.is_absolute() else loaded.base / python)
+
+
+def variables(loaded: LoadedExperiment, name: str) -> dict[str, str]:
+    """The environment variables environment `name` sets for its workers (none for the current one), a
+    `${NAME}` in a value filled in from this process's environment (a credential is never stored)."""
+    if name == CURRENT_ENVIRONMENT:
+        return {}
+    return expand(dict(loaded.experiment.environments[name].env), dict(os.environ), f"environments.{name}.env")
 
 
 def worker_env(python: str) -> dict[str, str]:

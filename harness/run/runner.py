@@ -132,12 +132,21 @@ class Runner:
         python = environments.interpreter(self.loaded, environment)
         if reason is None:  # a rerun, once the environment is set up, tries its cells again
             reason, status = self._environment_refusal(environment, python), "failed"
+        chosen: dict[str, str] = {}
+        if reason is None:
+            try:
+                chosen = environments.variables(self.loaded, environment)
+            except ValueError as exc:  # a ${NAME} not set here
+                reason, status = str(exc), "failed"
         if reason is not None:
             self._land_all(cells, rows, status, reason)
             self.reporter.log(f"[{grp.spec.engine}] {status}: {reason}")
             return
         log_path = layout.group_log(self.store.root, grp.id)
         env = group_environment(grp.spec, gpus, log_path)
+        if chosen and self.spare is not None:  # a spare started without them may have loaded its libraries
+            self.spare.release()
+        env |= chosen
         secrets = secrets_of(grp.spec.options)
         self.folder.secrets = self.folder.secrets | secrets  # the rows this run lands for the group
         causes = []

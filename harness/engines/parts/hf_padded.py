@@ -67,8 +67,9 @@ class HfPadded:
         self.cache_arg = "cache" if "cache" in taken else "past_key_values"
         self.forward_extra = {"logits_to_keep": 1} if "logits_to_keep" in taken else {}
 
-    def _padded(self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None,
-                members: bool) -> BatchOutput:
+    def _padded_inputs(self, prompts: list[str]) -> tuple[list[list[int]], Any, Any, Any]:
+        """The batch as `generate` feeds it: (each prompt's ids, the left-padded ids, the attention mask,
+        the position ids counted from each prompt's first real token)."""
         torch = self.torch
         ids = [self.prompt_tokens(p) for p in prompts]
         n, width = len(ids), max(len(t) for t in ids)
@@ -78,7 +79,22 @@ class HfPadded:
             tokens[row, width - len(t):] = torch.tensor(t, dtype=torch.long)
             mask[row, width - len(t):] = 1
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return ids, tokens, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def _next_feed(self, outs: list[list[int]], live: list[bool], mask: Any, positions: Any) -> tuple[Any, Any, Any]:
+        """The next decode step's inputs: each live row's last token (padding for a finished row), the mask
+        one column wider, the positions one on."""
+        torch, n = self.torch, len(outs)
+        feed = torch.tensor([[outs[s][-1] if live[s] and outs[s] else self.pad_id] for s in range(n)],
+                            dtype=torch.long, device=self.device)
+        mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=-1)
+        return feed, mask, positions[:, -1:] + 1
+
+    def _padded(self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None,
+                members: bool) -> BatchOutput:
+        torch = self.torch
+        ids, tokens, mask, positions = self._padded_inputs(prompts)
+        n = len(ids)
         generators = _generators(torch, self.device, n, target, sampling) if sampling.temperature > 0 else []
         outs: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
@@ -123,10 +139,7 @@ class HfPadded:
                 step += 1
                 if not (live[target] or (members and any(live))):
                     break
-                feed = torch.tensor([[outs[s][-1] if live[s] and outs[s] else self.pad_id] for s in range(n)],
-                                    dtype=torch.long, device=self.device)
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=-1)
-                positions = positions[:, -1:] + 1
+                feed, mask, positions = self._next_feed(outs, live, mask, positions)
                 out = self.model(input_ids=feed, attention_mask=mask, position_ids=positions, use_cache=True,
                                  **{self.cache_arg: getattr(out, self.cache_arg)})
             wall = time.perf_counter() - t0

