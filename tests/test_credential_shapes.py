@@ -72,7 +72,7 @@ def test_option_values_and_flags_of_any_shape_are_redacted(planted):
     assert secret not in str(redact(args)) and secret not in str(redact({"extra_args": args}))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(SHAPES, SHAPES, FLAG_SHAPES)
 def test_no_file_or_output_of_an_experiment_holds_a_planted_credential(tmp_path_factory, free, rule, flags):
     root = tmp_path_factory.mktemp("planted")

@@ -167,11 +167,16 @@ def noise_verdict(d: int, n: int, fd: int, fc: int, prompts: int, upper: float, 
 
 @lru_cache(maxsize=64)
 def prompts_for_margin(margin: float) -> int:
-    """The fewest prompts whose bound can fall within `margin` (none departing more than in the floor)."""
-    k = 1
-    while least_prompt_bound(k) > margin and k < 10_000:
-        k += 1
-    return k
+    """The fewest prompts whose bound can fall within `margin` (none departing more than in the floor):
+    least_prompt_bound falls as prompts are added, so doubling then halving finds it in a few dozen bounds."""
+    high = 1
+    while least_prompt_bound(high) > margin and high < 1 << 20:
+        high *= 2
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if least_prompt_bound(middle) > margin else (low, middle)
+    return high
 
 
 def noise_class(d, n, fd, fc, margin: float = NOISE_MARGIN) -> tuple[str, str, float]:

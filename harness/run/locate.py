@@ -45,7 +45,7 @@ from harness.experiment.matrix import digest, expand
 from harness.results.folder_rows import Results
 from harness.run import environments, trace_diff
 from harness.run.replay import ROW_COLUMNS, _batch
-from harness.run.rescore import not_here, read_side, scoring_machine, side_path
+from harness.run.rescore import misplaced, read_side, scoring_machine, side_path
 
 FOLDER, STEPS_FOLDER = "located", "located_steps"
 STEP_KINDS = ("prefill", "split")
@@ -106,8 +106,13 @@ def _run_passes(jobs: dict[tuple, list[dict[str, Any]]], sides: dict[tuple, _Sid
     for (spec_key, environment), passes in jobs.items():
         side = sides[(spec_key, environment)]
         python = environments.interpreter(side.loaded, environment) or sys.executable
-        env = {**os.environ, **environments.worker_env(environments.interpreter(side.loaded, environment)),
-               **environments.variables(side.loaded, environment)}
+        try:
+            chosen = environments.variables(side.loaded, environment)
+        except ValueError as exc:  # a ${NAME} not set here
+            for request in passes:
+                (out / f"{request['key']}.error").write_text(str(exc))
+            continue
+        env = {**os.environ, **environments.worker_env(environments.interpreter(side.loaded, environment)), **chosen}
         job = {"spec": side.cell.load_spec(), "base": side.loaded.base, "passes": passes, "out": str(out)}
         log(f"tracing {len(passes)} pass(es) with {side.cell.load_spec().label()}"
             + (f" in environment {environment}" if environment != environments.CURRENT_ENVIRONMENT else ""))
@@ -154,7 +159,8 @@ def locate(results: Results, moved: pd.DataFrame, keys: list[str], steps: tuple[
             refused.append(f"cell {target.cell_id}: its run or its reference run is not in the current experiment")
             continue
         pair = rows.loc[[ref_key, run_key]]
-        why = not_here(pair, here, any_device)
+        # each side is traced under its own environment's interpreter: only the device must be here
+        why = None if any_device else misplaced(pair["device"].unique(), here)
         if why is not None:
             refused.append(f"cell {target.cell_id}: {why}")
             continue
