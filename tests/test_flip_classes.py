@@ -282,11 +282,9 @@ def test_the_mode_is_judged_across_the_batch_alone_never_across_gpus_or_seeds(tm
     assert settings.loc[("A100", 0, 8), "guarantee"] == "bitwise"
 
 
-def test_a_run_through_an_engine_whose_flag_does_nothing_is_judged_mode_ineffective(tmp_path):
-    """Issue 56, end to end: a stand-in engine (named as such: it computes nothing) that takes
-    batch_invariant and ignores it, so a batch of more than one moves the last log-probability and keeps
-    the tokens. `harness run` -> `summarize` calls the mode-on batched setting mode_ineffective (the mode-off
-    one only same_tokens), and `check` fails the rule that wants the mode bitwise, saying why."""
+def _run_stand_in(tmp_path, name: str, why: str, step: str, matrix: str, rule: str):
+    """A stand-in engine (named so: it computes nothing) whose generate returns SequenceOutput([1, 2], ...) with
+    `step` (lines defining `lp` and `margins`), run by `harness run` on two prompts (it must end 0); its environment."""
     import subprocess
     import sys
     import textwrap
@@ -294,23 +292,37 @@ def test_a_run_through_an_engine_whose_flag_does_nothing_is_judged_mode_ineffect
     from .conftest import stand_in_engine
 
     env = stand_in_engine(
-        tmp_path, "flagless", "it accepts batch_invariant and ignores it, as a mode that never took effect",
-        on_generate=("        moved = 1e-6 * (len(prompts) - 1)\n"
-                     "        out = SequenceOutput([1, 2], 'ab', 'length', [-0.5, -0.25 - moved], [5.0, 5.0], ['a', 'b'])\n"
+        tmp_path, name, why,
+        on_generate=(step + "        out = SequenceOutput([1, 2], 'ab', 'length', lp, margins, ['a', 'b'])\n"
                      "        return BatchOutput(out, 2, None, None, 0.001, 0.001, 2)"))
-    (tmp_path / "exp.yaml").write_text(textwrap.dedent("""
-        name: flagless
-        prompts: [{id: a, text: hello}, {id: b, text: there}]
+    (tmp_path / "exp.yaml").write_text(textwrap.dedent(f"""
+        name: {name}
+        prompts: [{{id: a, text: hello}}, {{id: b, text: there}}]
         fillers: [other]
         repeats: 2
         max_tokens: 2
-        matrix: {model: [m], engine: [flagless], batch_size: [1, 4], batch_invariant: [false, true]}
+        matrix: {{model: [m], engine: [{name}], {matrix}}}
         expect:
-          - {name: the mode keeps batches bitwise, where: {batch_invariant: true}, guarantee: bitwise}
+          - {rule}
         """))
     ran = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--progress", "plain"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    return env
+
+
+def test_a_run_through_an_engine_whose_flag_does_nothing_is_judged_mode_ineffective(tmp_path):
+    """Issue 56, end to end: a stand-in engine (named as such: it computes nothing) that takes
+    batch_invariant and ignores it, so a batch of more than one moves the last log-probability and keeps
+    the tokens. `harness run` -> `summarize` calls the mode-on batched setting mode_ineffective (the mode-off
+    one only same_tokens), and `check` fails the rule that wants the mode bitwise, saying why."""
+    import subprocess
+    import sys
+
+    env = _run_stand_in(tmp_path, "flagless", "it accepts batch_invariant and ignores it, as a mode that never took effect",
+                        "        lp, margins = [-0.5, -0.25 - 1e-6 * (len(prompts) - 1)], [5.0, 5.0]\n",
+                        "batch_size: [1, 4], batch_invariant: [false, true]",
+                        "{name: the mode keeps batches bitwise, where: {batch_invariant: true}, guarantee: bitwise}")
     done = subprocess.run([sys.executable, "-m", "harness", "summarize", "out", "--what", "settings", "-f", "json"],
                           capture_output=True, text=True, cwd=tmp_path, env=env)
     verdicts = {(r["batch_invariant"], r["batch_size"]): r["guarantee"] for r in json.loads(done.stdout)}
@@ -346,32 +358,14 @@ def test_log_probabilities_an_engine_did_not_give_are_never_called_bitwise(tmp_p
     the setting is same_tokens with "log-probabilities not recorded", and a `bitwise` rule fails."""
     import subprocess
     import sys
-    import textwrap
 
     from harness.results.rows import logprobs_hash, recorded
 
-    from .conftest import stand_in_engine
-
     assert recorded([math.nan, math.nan]) is None and logprobs_hash([math.nan, math.nan]) is None
     assert logprobs_hash([-0.5, math.nan]) is None and recorded([-0.5, math.nan]) == [-0.5, math.nan]
-    env = stand_in_engine(
-        tmp_path, "nolp", "it gives tokens and no log-probabilities, as an engine that cannot return them",
-        on_generate=("        nan = float('nan')\n"
-                     "        out = SequenceOutput([1, 2], 'ab', 'length', [nan, nan], [nan, nan], ['a', 'b'])\n"
-                     "        return BatchOutput(out, 2, None, None, 0.001, 0.001, 2)"))
-    (tmp_path / "exp.yaml").write_text(textwrap.dedent("""
-        name: nolp
-        prompts: [{id: a, text: hello}, {id: b, text: there}]
-        fillers: [other]
-        repeats: 2
-        max_tokens: 2
-        matrix: {model: [m], engine: [nolp], batch_size: [1, 3]}
-        expect:
-          - {name: bitwise, where: {batch_size: 3}, guarantee: bitwise}
-        """))
-    ran = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--out", "out", "--progress", "plain"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-    assert ran.returncode in (0, 1), ran.stdout[-3000:] + ran.stderr[-3000:]
+    env = _run_stand_in(tmp_path, "nolp", "it gives tokens and no log-probabilities, as an engine that cannot return them",
+                        "        lp = margins = [float('nan'), float('nan')]\n", "batch_size: [1, 3]",
+                        "{name: bitwise, where: {batch_size: 3}, guarantee: bitwise}")
     rows = pd.concat([pd.read_parquet(f) for f in (tmp_path / "out").rglob("*.parquet") if "cells" in str(f)])
     ok = rows[rows["status"] == "ok"]
     assert len(ok) and ok["logprobs_hash"].isna().all() and ok["logprobs"].isna().all() and ok["margins"].isna().all()
