@@ -90,8 +90,8 @@ def locate(
     bitwise equal), one run and its reference run are rebuilt forward pass by forward pass exactly
     as they ran (the same batch-mates, padding, positions, load and environment), at the prefill and
     at the step where the run split, and every module's output on the run's own elements is compared:
-    the first module that differs is named with the one before it that agreed, then every torch op
-    inside it ("alone: X; in the batch: Y" where the two passes call different kernels). A rebuilt
+    the first module that differs is named with the one before it that agreed, then every torch function
+    inside the module that holds it (where the two passes call different kernels, both are named). A rebuilt
     pass whose log-probability is not bitwise the row's names nothing: "could not rebuild this step".
     Traces land in RESULTS/located/ (per op, with digests for `harness compare` across machines) and
     RESULTS/located_steps/ (per step). Engines: transformers (padded batching); the others refuse with
