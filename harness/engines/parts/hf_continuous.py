@@ -115,7 +115,13 @@ class HfContinuous:
         manager = self._start_manager(sampling.max_tokens)
         ids = [self.prompt_tokens(p) for p in prompts]
         t0 = time.perf_counter()
+        first = getattr(manager, "_request_counter", None)
         names = manager.add_requests(ids, max_new_tokens=sampling.max_tokens, record_timestamps=True)
+        if names is None:  # before transformers 5.9 the ids are not handed back: they are req_<counter>, counted on
+            if not isinstance(first, int):
+                raise Unsupported(f"batching continuous: transformers {self._transformers.__version__}'s manager hands "
+                                  "back no request ids, and its counter is not readable")
+            names = [f"req_{i}" for i in range(first, first + len(ids))]
         results: dict[str, Any] = {}
         waited = 0.0
         while len(results) < len(names):
