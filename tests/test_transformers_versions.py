@@ -57,3 +57,47 @@ def test_the_installed_transformers_is_judged_as_doctor_says():
     assert ("continuous batching available" in summary) is (gap is None)
     found = TransformersEngine.needs(facts, [{"transformers.batching": "continuous"}], {}, False)
     assert bool(found) is (gap is not None)
+
+
+class _Result:
+    def __init__(self, name: str, tokens: list[int]) -> None:
+        self.request_id, self.generated_tokens, self.error = name, tokens, None
+        self.logprobs, self.timestamps = [-0.5] * len(tokens), [0.1 * (i + 1) for i in range(len(tokens))]
+
+    def is_finished(self) -> bool:
+        return True
+
+
+class _ManagerBefore59:
+    """A stand-in for transformers 5.4-5.8's continuous-batching manager (named so: it computes nothing):
+    add_requests hands back None, and its requests are named req_<counter>."""
+
+    def __init__(self) -> None:
+        self._request_counter, self._queue = 5, []
+
+    def add_requests(self, inputs, max_new_tokens=None, record_timestamps=False):
+        names = [f"req_{i}" for i in range(self._request_counter, self._request_counter + len(inputs))]
+        self._request_counter += len(inputs)
+        self._queue += [_Result(name, [10 + len(ids), 11]) for name, ids in zip(names, inputs)]
+        return None
+
+    def get_result(self, timeout=None):
+        return self._queue.pop(0) if self._queue else None
+
+    def is_running(self) -> bool:
+        return True
+
+
+def test_a_manager_that_hands_back_no_request_ids_is_read_by_its_counter():
+    """transformers 5.4-5.8 (the floor the engine claims): add_requests returns None; the continuous cells
+    failed with "object of type 'NoneType' has no len()". Each request's output is now its own."""
+    from harness.engines.base import Sampling
+
+    engine = hf_continuous.HfContinuous()
+    engine._manager, engine._manager_tokens, engine._cb_config = _ManagerBefore59(), 64, "stand-in"
+    engine._transformers = SimpleNamespace(__version__="5.8.0")
+    engine.opts, engine._eos = SimpleNamespace(ignore_eos=True), {0}
+    engine.prompt_tokens = lambda text: [1] * len(text)
+    engine.decode_tokens = lambda ids: "".join(chr(65 + i % 26) for i in ids)
+    out = engine._continuous(["ab", "abcd"], 1, Sampling(0.0, 1.0, 0, 0, 2), None, True)
+    assert out.target.token_ids == [14, 11] and [m.token_ids for m in out.members] == [[12, 11], [14, 11]]
