@@ -41,10 +41,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.core.native_preload import flag
+from harness.engines.registry import engine_class
 from harness.experiment.matrix import digest, expand
 from harness.results.folder_rows import Results
 from harness.run import environments, trace_diff
-from harness.run.replay import ROW_COLUMNS, _batch
+from harness.run.replay import ROW_COLUMNS, run_batch
 from harness.run.rescore import misplaced, read_side, scoring_machine, side_path
 
 FOLDER, STEPS_FOLDER = "located", "located_steps"
@@ -76,7 +78,7 @@ class _Side:
         self.row, self.cell, self.loaded, self.tokens = row, cell, loaded, list(tokens)
         self.logprobs = None if logprobs is None else np.asarray(logprobs, dtype=np.float32)
         exp = loaded.experiment
-        self.batch = _batch(loaded, row, None)
+        self.batch = run_batch(loaded, row, None)
         self.sampling = cell.sampling(max(exp.max_tokens, len(tokens)), exp.unseeded_fillers, exp.batch_fill == "copies")
         self.environment = str(cell["environment"]) if "environment" in cell.as_dict else environments.CURRENT_ENVIRONMENT
 
@@ -116,8 +118,9 @@ def _run_passes(jobs: dict[tuple, list[dict[str, Any]]], sides: dict[tuple, _Sid
         job = {"spec": side.cell.load_spec(), "base": side.loaded.base, "passes": passes, "out": str(out)}
         log(f"tracing {len(passes)} pass(es) with {side.cell.load_spec().label()}"
             + (f" in environment {environment}" if environment != environments.CURRENT_ENVIRONMENT else ""))
-        done = subprocess.run([python, "-m", "harness.run.trace_worker"], input=pickle.dumps(job), capture_output=True,
-                              env=env, timeout=TRACE_TIMEOUT_S)
+        native = engine_class(side.cell.load_spec().engine).native_package  # preloaded first, as in a run's worker
+        done = subprocess.run([python, "-m", "harness.run.trace_worker", *flag(native)], input=pickle.dumps(job),
+                              capture_output=True, env=env, timeout=TRACE_TIMEOUT_S)
         if done.returncode != 0:
             tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
             for request in passes:

@@ -97,7 +97,7 @@ def replayable(results: Results, log: Callable[[str], None]) -> pd.DataFrame:
     return ok[~stored & ~empty]
 
 
-def _batch(loaded: Any, run: Any, batch_size: int | None) -> Batch:
+def run_batch(loaded: Any, run: Any, batch_size: int | None) -> Batch:
     """The batch a run is replayed in: its own (mates and position from the row), or one of `batch_size`."""
     prompts = loaded.prompt_set
     target = prompts.get(run.prompt_id)
@@ -168,7 +168,7 @@ def replay(results: Results, engine: str | None = None, dtype: str | None = None
                 records = []
                 for run in runs[runs["cell_id"] == cell_id].itertuples(index=False):
                     forced = tokens[run.output_hash]
-                    batch = _batch(loaded, run, batch_size)
+                    batch = run_batch(loaded, run, batch_size)
                     sampling = cell.sampling(max(exp.max_tokens, len(forced)), exp.unseeded_fillers,
                                              exp.batch_fill == "copies")
                     out = player([p.text for p in batch.prompts], batch.target_position, sampling, forced)

@@ -15,10 +15,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 
 def _traced(placed: Any, job: dict[str, Any], out: Path) -> None:
+    import numpy as np
+
     from harness.run.trace_diff import Recording
 
     for request in job["passes"]:
@@ -54,4 +54,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from harness.core.native_preload import ensure_from_argv
+
+    ensure_from_argv()  # before numpy and the rest: a GPU image's own libraries must not load first
     raise SystemExit(main())
