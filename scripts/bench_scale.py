@@ -1,7 +1,7 @@
 """How the readers scale with rows: a seeded synthetic results folder of N rows, built from a real
 run's rows, with known injected divergences as the ground truth.
 
-    python scripts/bench_scale.py --rows 10000 100000 1000000 [--shape seeds|sweep|prompt]
+    python scripts/bench_scale.py --rows 10000 100000 1000000 [--shape seeds|sweep|prompt|repeats]
                                   [--source DIR] [--work DIR]
 
 The source is a results folder of a real run (default: runs a 2-prompt llama.cpp experiment on
@@ -9,8 +9,8 @@ the shipped model first, about a minute). Every synthetic row is a copy of a rea
 columns, provenance included) with its cell, prompt, repeat and tokens replaced, in one of the
 shapes users run (bench_scale_folder.py): `seeds` (batch sizes 1 and 2 of many seeds, 5 prompts:
 every seed a unit of its own), `sweep` (a batch-size sweep: 10 batch sizes of one seed, 1000
-prompts: one unit, cut by prompt part by part) or `prompt` (one prompt, 10 batch sizes of 100
-seeds).
+prompts: one unit, cut by prompt part by part), `prompt` (one prompt, 10 batch sizes of 100
+seeds) or `repeats` (one prompt, one seed, 10 batch sizes: one unit, cut by its runs).
 
 Then it times a bare pyarrow read of the columns `summarize` reads (the baseline: the `/read`
 column is each command's wall time over it), `harness summarize`, `check`, `status`, `compare`

@@ -8,7 +8,10 @@ Shapes (SHAPES), every one with batch size 1 as the reference:
 - sweep: a batch-size sweep, 10 batch sizes of one seed, 1000 prompts (10M rows: 10 cell files of 1M
   rows): one unit, which a read part by part cuts by prompt;
 - prompt: one prompt, 10 batch sizes for each of S seeds (10M rows: 100 seeds, 1000 cell files of
-  10,000 runs of that prompt): every seed a unit of one prompt.
+  10,000 runs of that prompt): every seed a unit of one prompt;
+- repeats: the textbook's shape, one prompt and one seed at 10 batch sizes, every run a repeat of it
+  (1M rows: 10 cell files of 100,000 runs): one unit of one prompt, which a read part by part cuts
+  by its runs.
 Batch-1 runs all give the prompt's base output (64 tokens); in the other cells a seeded share of runs
 takes one of 3 variants, variant j departing from the base at a known token index.
 """
@@ -57,10 +60,12 @@ def shape_of(name: str, rows: int) -> Shape:
     if name == "prompt":
         seeds = max(1, min(100, rows // 100_000))
         return Shape(SWEEP, seeds, 1, max(1, rows // (len(SWEEP) * seeds)))
+    if name == "repeats":
+        return Shape(SWEEP, 1, 1, max(1, rows // len(SWEEP)))
     raise ValueError(f"unknown shape '{name}'; allowed: {', '.join(SHAPES)}")
 
 
-SHAPES = ("seeds", "sweep", "prompt")
+SHAPES = ("seeds", "sweep", "prompt", "repeats")
 
 
 def experiment_text(shape: Shape) -> str:

@@ -44,6 +44,10 @@ class Shape:
     empty: bool  # one more stale cell file, without rows
     departs: float  # the chance that a run departs
     seed: int
+    boots: int = 1  # engine loads per cell: a run's load is its repeat modulo this
+    answers: bool = False  # the first prompt has an answer and a parse rule; runs record theirs
+    probes: bool = False  # runs carry logit-probe figures
+    environments: bool = False  # the cells run under two environments
 
 
 def _spec(shape: Shape, batch_sizes: tuple[int, ...], repeats: int) -> dict:
@@ -52,8 +56,15 @@ def _spec(shape: Shape, batch_sizes: tuple[int, ...], repeats: int) -> dict:
         matrix["llamacpp.flash_attn"] = ["on"]
     if shape.invariant:
         matrix["batch_invariant"] = [False, True]
-    return {"name": "shape", "prompts": [{"id": f"p{i}", "text": f"prompt {i}"} for i in range(shape.prompts)],
-            "fillers": ["other"], "repeats": repeats, "max_tokens": 8, "matrix": matrix}
+    prompts = [{"id": f"p{i}", "text": f"prompt {i}"} for i in range(shape.prompts)]
+    spec = {"name": "shape", "prompts": prompts, "fillers": ["other"], "repeats": repeats, "max_tokens": 8,
+            "matrix": matrix}
+    if shape.answers:
+        prompts[0] |= {"answer": 50, "parse": "number"}
+    if shape.environments:
+        matrix["environment"] = ["current", "other"]
+        spec["environments"] = {"other": {"python": "/usr/bin/python3"}}
+    return spec
 
 
 def _rows(cell, shape: Shape, repeats: int, rng: np.random.Generator) -> list[dict]:
@@ -69,12 +80,22 @@ def _rows(cell, shape: Shape, repeats: int, rng: np.random.Generator) -> list[di
                 rows.append(row_for(cell, f"p{i}", repeat, status="failed", error="seeded failure"))
                 continue
             lp = [-0.5 * j - (0.001 if rng.random() < 0.3 else 0.0) for j in range(len(tokens))]
+            extra = {}
+            if shape.answers and i == 0:
+                said = str(tokens[-1] - 7) if rng.random() < 0.8 else None
+                extra |= {"answer_parsed": said, "answer_expected": "50", "answer_correct": said == "50"}
+            if shape.probes:
+                moved = int(rng.integers(0, 3))
+                extra |= {"probe_reference": "batch 1", "probe_steps": 4, "probe_steps_differed": moved,
+                          "probe_logits_compared": 400, "probe_logits_differed": 37 * moved,
+                          "probe_max_abs_diff": float(rng.uniform(0, 1e-3)) * moved,
+                          "probe_low_margin_frac": float(rng.uniform(0, 0.5))}
             rows.append(row_for(
                 cell, f"p{i}", repeat, tokens, schema_version=3, logprobs=lp, logprobs_hash=logprobs_hash(lp),
                 margins=[float(m) for m in rng.choice([0.02, 0.3, 2.0], size=len(tokens))],
-                load_id=f"{cell.id}-0", target_tokens_per_s=float(rng.uniform(10, 50)),
+                load_id=f"{cell.id}-{repeat % shape.boots}", target_tokens_per_s=float(rng.uniform(10, 50)),
                 batch_tokens_per_s=float(rng.uniform(20, 90)), ttft_s=float(rng.uniform(0.01, 0.2)),
-                itl_s=[float(x) for x in rng.uniform(0.01, 0.05, size=len(tokens) - 1)]))
+                itl_s=[float(x) for x in rng.uniform(0.01, 0.05, size=len(tokens) - 1)], **extra))
     return rows
 
 
@@ -117,8 +138,9 @@ def _outcome(read) -> str:
         return "refused: both claim prompt" if "both claim prompt" in str(error) else f"refused: {error}"
 
 
-def assert_parts_equal_whole(results, budget: int, reference: dict | None = None) -> PartitionedAnalysis | None:
-    options = {"reference": reference, "allow_mixed": frozenset()}
+def assert_parts_equal_whole(results, budget: int, reference: dict | None = None,
+                             reference_run: str = "first") -> PartitionedAnalysis | None:
+    options = {"reference": reference, "allow_mixed": frozenset(), "reference_run": reference_run}
     whole = Analysis(results, **options)
     parts = streamed(Analysis(results, **options), budget=budget, workers=1)
     for name in TABLES:
@@ -173,9 +195,12 @@ def test_a_unit_over_a_part_is_cut_by_prompt_and_reads_alike(tmp_path, monkeypat
     shape, reference = CUT[case]
     read, report_part = [], html.report_part  # the prompts each report part reads, the parts' then the whole's
     monkeypatch.setattr(html, "report_part", lambda a: read.append(set(a.report_rows["prompt_id"])) or report_part(a))
-    parts = assert_parts_equal_whole(build(tmp_path / "results", shape), budget=12, reference=reference)
+    results = build(tmp_path / "results", shape)
+    largest = int(results.folder.store.read_rows(["prompt_id"], results.cell_ids)["prompt_id"].value_counts().max())
+    parts = assert_parts_equal_whole(results, budget=largest, reference=reference)
     assert parts is not None
     cut = [part for part in parts.parts if part.prompts is not None]
+    assert all(part.runs is None for part in parts.parts)  # no prompt is over a part: none is cut by its runs
     assert len(cut) >= 2 and len({part.cells for part in cut}) == 1  # one unit's cells, its prompts apart
     assert sorted(p for part in cut for p in part.prompts) == [f"p{i}" for i in range(shape.prompts)]
     # the report reads the same parts, not the cut unit whole (a 10M-row sweep would not fit a worker)
@@ -183,11 +208,35 @@ def test_a_unit_over_a_part_is_cut_by_prompt_and_reads_alike(tmp_path, monkeypat
     assert all(seen <= set(part.prompts) for seen, part in zip(read, parts.parts) if part.prompts)
 
 
-def test_a_prompt_over_a_part_stays_whole(tmp_path):
-    """One prompt is the smallest cut: a unit of one prompt is read whole, however large."""
-    parts = assert_parts_equal_whole(build(tmp_path / "results", Shape(1, 3, (1, 2, 4), (0,), False, False, None, 1,
-                                                                       False, 0.5, 7)), budget=2)
-    assert parts is None or all(part.prompts is None for part in parts.parts)
+@pytest.mark.parametrize("reference_run", ["first", "modal"])
+def test_one_prompt_over_a_part_is_cut_by_its_runs_and_reads_alike(tmp_path, monkeypatch, reference_run):
+    """The textbook experiment: one prompt, many repeats, batch 1 to 8. Its one unit is cut by runs, each
+    part reading the runs that stand for their cells besides its own, and every table, the splits and the
+    report read alike, under either reference-run rule, with loads, answers and probes in the rows."""
+    from harness.report import html
+
+    shape = Shape(1, 30, (1, 2, 4, 8), (0,), False, True, None, 1, False, 0.3, 11, boots=2, answers=True,
+                  probes=True)
+    read, report_part = [], html.report_part
+    monkeypatch.setattr(html, "report_part", lambda a: read.append(len(a.report_rows)) or report_part(a))
+    parts = assert_parts_equal_whole(build(tmp_path / "results", shape), budget=50, reference_run=reference_run)
+    assert parts is not None and len(parts.parts) >= 5
+    assert all(part.prompts == ("p0",) and part.runs is not None for part in parts.parts)
+    assert max(read[:len(parts.parts)]) <= 8 * 7  # each part read its slice of 240 rows (7 runs a cell), not all
+    starts = sorted(part.runs[0] for part in parts.parts)
+    assert starts[0] == 0 and all(b > a for a, b in zip(starts, starts[1:]))  # every run in one part
+
+
+def test_the_run_that_stands_for_a_cell_is_chosen_over_all_its_runs(tmp_path):
+    """Under --reference-run modal the reference cell's most frequent output may lie wholly in other parts
+    than a run's: the run compared against is the whole read's all the same."""
+    shape = Shape(1, 12, (1, 2), (0,), False, False, None, 1, False, 0.6, 12)
+    results = build(tmp_path / "results", shape)
+    whole = Analysis(results, reference_run="modal")
+    parts = streamed(Analysis(results, reference_run="modal"), budget=4, workers=1)
+    assert isinstance(parts, PartitionedAnalysis) and all(part.runs is not None for part in parts.parts)
+    first = parts.summary[["cell_id", "reference_repeat", "reference_share"]]
+    assert first.equals(whole.summary[["cell_id", "reference_repeat", "reference_share"]])
 
 
 shapes = st.builds(
@@ -197,15 +246,16 @@ shapes = st.builds(
     option=st.booleans(), invariant=st.booleans(),
     edited=st.sampled_from([None, (1,), (2, 4), (1, 2)]), edited_repeats=st.integers(1, 3), empty=st.booleans(),
     departs=st.sampled_from([0.0, 0.3, 0.8]), seed=st.integers(0, 1000),
+    boots=st.integers(1, 3), answers=st.booleans(), probes=st.booleans(), environments=st.booleans(),
 )
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shape=shapes, budget=st.integers(1, 40), by_seed=st.booleans())
-def test_generated_folders_read_alike_part_by_part(tmp_path_factory, shape, budget, by_seed):
+@given(shape=shapes, budget=st.integers(1, 40), by_seed=st.booleans(), modal=st.booleans())
+def test_generated_folders_read_alike_part_by_part(tmp_path_factory, shape, budget, by_seed, modal):
     results = build(tmp_path_factory.mktemp("shape") / "results", shape)
     reference = {"seed": 0} if by_seed and len(shape.seeds) > 1 else None
-    assert_parts_equal_whole(results, budget, reference)
+    assert_parts_equal_whole(results, budget, reference, "modal" if modal else "first")
 
 
 def _dies_in_its_second_part(analysis) -> int:
@@ -309,3 +359,28 @@ def test_margins_of_some_runs_read_only_their_row_groups(tmp_path, monkeypatch):
     assert list(found.index) == list(runs.index)
     assert [list(m) for m in found] == [list(m) for m in runs["margins"]]
     assert asked == [([0, 2], ["margins"])]  # p1's group is not read
+
+
+def test_a_part_of_a_prompt_cut_by_runs_reads_only_the_row_groups_of_its_runs(tmp_path, monkeypatch):
+    """A part that holds some runs of a prompt asks each cell file for the runs at its positions, and for
+    the runs that stand for the cells: it gets exactly those rows, from only the row groups holding them."""
+    import pyarrow.parquet as pq
+
+    from harness.results import store as store_module
+    from harness.results.store_reading import RunPick, RunSlice
+
+    monkeypatch.setattr(store_module, "ROW_GROUP_ROWS", 4)
+    results = build(tmp_path / "results", Shape(1, 12, (1,), (0,), False, False, None, 1, False, 0.5, 13))
+    (cell,) = results.cell_ids
+    store = results.folder.store
+    whole = store.read_rows(["prompt_id", "repeat", "output_hash"], [cell])
+    asked = []
+    real = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, groups, **kw: asked.append(list(groups)) or real(self, groups, **kw))
+    some = store.read_rows(["prompt_id", "repeat", "output_hash"], [cell], prompt_ids=("p0",), runs=RunSlice(5, 9))
+    assert asked == [[1, 2]]
+    assert some.to_dict("records") == whole.iloc[5:9].reset_index(drop=True).to_dict("records")
+    picked = store.read_rows(["output_hash"], [cell], prompt_ids=("p0",), runs=RunPick(((cell, 10), ("other", 1))))
+    assert asked[-1] == [2] and picked["output_hash"].tolist() == whole.loc[whole["repeat"] == 10, "output_hash"].tolist()
+    assert store.read_rows(["repeat"], [cell], prompt_ids=("p0",), runs=RunPick((("other", 1),))).empty

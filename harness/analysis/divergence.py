@@ -76,6 +76,16 @@ def _stand_ins(ok: pd.DataFrame, rule: str) -> tuple[np.ndarray, np.ndarray, np.
     return stands, share, np.asarray(best["tie"].to_numpy()[where], dtype=bool)
 
 
+def _given_stand_ins(ok: pd.DataFrame, carried: pd.DataFrame | None, stand_ins: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the runs `stand_ins` names (from `ok` or `carried`), with their share and tie."""
+    run = ["cell_id", "prompt_id", "repeat"]
+    pool = ok if carried is None or carried.empty else pd.concat(
+        [ok, carried[(carried["status"] == "ok").to_numpy()][list(ok.columns.intersection(carried.columns))]],
+        ignore_index=True).drop_duplicates(run)
+    chosen = stand_ins.rename(columns={"reference_repeat": "repeat"})[run + ["reference_share", "reference_tie"]]
+    return pool.merge(chosen.astype({"repeat": pool["repeat"].dtype}), on=run, how="inner")
+
+
 def refuse_twins(rows: pd.DataFrame) -> None:
     """Two cells claiming one setting and prompt among the ok `rows`: name both, never pick one silently.
     Every statistic that relates runs by their settings (a reference, a batch-invariant pair, a
@@ -106,6 +116,8 @@ def against_reference(
     allow_mixed: Iterable[str] = (),
     logprobs_for: Callable[[set[str]], dict[str, Sequence[float]]] | None = None,
     reference_run: str = "first",
+    stand_ins: pd.DataFrame | None = None,
+    carried: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The ok rows, each with its reference run: `ref_hash`, `reference_cell`, `reference_repeat`,
     `matched`, `first_divergence`.
@@ -115,6 +127,9 @@ def against_reference(
     reference run itself gets no verdict.
     A run and its reference must agree in provenance (MIXABLE), except what the compared axes
     imply or `allow_mixed` names; otherwise HarnessError.
+    `stand_ins` (reference_repeats of all the runs, where `rows` are some of them: a part that cuts a
+    prompt by its runs) names the runs that stand for their cells; those not among `rows` are in
+    `carried`, read for that alone: they are no run of this part.
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
     keys = keys_of(rows)
@@ -125,8 +140,11 @@ def against_reference(
     is_ok = (rows["status"] == "ok").to_numpy()
     # columns are added, never written into: a shallow copy (a million rows are not copied twice)
     ok = (rows if is_ok.all() else rows[is_ok]).copy(deep=False)
-    stands, share, tie = _stand_ins(ok, reference_run)
-    first = ok[stands].assign(reference_share=share[stands], reference_tie=tie[stands])
+    if stand_ins is None:
+        stands, share, tie = _stand_ins(ok, reference_run)
+        first = ok[stands].assign(reference_share=share[stands], reference_tie=tie[stands])
+    else:
+        first = _given_stand_ins(ok, carried, stand_ins)
     _refuse_twins(first[["cell_id"] + keys + ["prompt_id"]], keys + ["prompt_id"])
     for column in ("logprobs_hash", "load_id"):
         if column not in ok:

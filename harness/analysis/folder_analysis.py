@@ -50,7 +50,8 @@ class Analysis:
 
     def __init__(self, results: Results, reference: dict[str, Any] | None = None,
                  allow_mixed: Iterable[str] = frozenset(), reference_run: str = "first",
-                 near_tie: float = near_ties.NEAR_TIE, confident: float = flips.CONFIDENT) -> None:
+                 near_tie: float = near_ties.NEAR_TIE, confident: float = flips.CONFIDENT,
+                 stand_ins: pd.DataFrame | None = None) -> None:
         reference_rules.refuse_reference_run(reference_run)
         flips.check_thresholds(near_tie, confident)
         self.results = results
@@ -61,6 +62,9 @@ class Analysis:
         self.near_tie = near_tie
         #: the reference margin at or above which a departure is a confident flip (harness.analysis.flips)
         self.confident = confident
+        #: where `results` are some runs of a prompt (a part that cuts it by runs): the runs that stand for
+        #: their cells, chosen over all its runs (divergence.reference_repeats); None: chosen from the rows
+        self.stand_ins = stand_ins
 
     @classmethod
     def parsed(cls, results: Results, reference: list[str], allow_mixed: list[str],
@@ -99,7 +103,19 @@ class Analysis:
         """The ok rows, each with its reference run and where it departs from it (divergence.against_reference)."""
         r = self.results
         return divergence.against_reference(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
-                                         self.reference_run)
+                                         self.reference_run, self.stand_ins, self._carried(SUMMARY_COLUMNS))
+
+    def _carried(self, columns: list[str]) -> pd.DataFrame | None:
+        """The runs that stand for their cells where this part holds some runs of a prompt (wherever
+        those runs lie), read so each run is compared with the run a whole read gives it; None elsewhere."""
+        if self.stand_ins is None:
+            return None
+        from dataclasses import replace
+
+        from harness.results.store_reading import RunPick
+
+        runs = RunPick(tuple(zip(self.stand_ins["cell_id"], self.stand_ins["reference_repeat"].astype(int).tolist())))
+        return replace(self.results, runs=runs).read_rows(columns, provenance_as_categories=True)
 
     @cached_property
     def setting_keys(self) -> list[str]:
@@ -113,9 +129,29 @@ class Analysis:
     @cached_property
     def summary(self) -> pd.DataFrame:
         """Per cell and prompt: runs, unique outputs, match rate, first divergence, bounds."""
+        return metrics.joined_summary(self._summary_cells, self._summary_runs, self._summary_ok, self.reference,
+                                      self.reference_run)
+
+    @cached_property
+    def _summary_cells(self) -> pd.DataFrame:
+        """The summary of every (cell, prompt) whose runs these rows hold whole: all of them, but in a
+        part that holds some runs of a prompt (see `_summary_runs`)."""
+        if self.stand_ins is not None:
+            return metrics.summarize(self.rows.iloc[:0], self.results.tokens_for, self.reference)
         r = self.results
         return metrics.summarize(self.rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
                                  self.reference_run, compared=self.compared)
+
+    @cached_property
+    def _summary_runs(self) -> pd.DataFrame:
+        """Per row, its settings and status, in a part that holds some runs of a prompt: the parts' runs
+        are joined, then summarized once (medians and distinct outputs do not add up); else empty."""
+        return metrics.statuses(self.rows) if self.stand_ins is not None else self.rows.iloc[:0, :0]
+
+    @cached_property
+    def _summary_ok(self) -> pd.DataFrame:
+        """Per compared run, the summary's figures (metrics.per_run), in such a part; else empty."""
+        return metrics.per_run(self.compared) if self.stand_ins is not None else self.rows.iloc[:0, :0]
 
     @cached_property
     def _survival_counts(self) -> pd.DataFrame:
@@ -154,8 +190,12 @@ class Analysis:
         return self._tie_counts[1]
 
     @cached_property
+    def _floor_counts(self) -> pd.DataFrame:
+        return guarantees.floor_counts(self.compared, self.setting_keys)
+
+    @cached_property
     def _floors(self) -> pd.DataFrame:
-        return guarantees.floors(self.compared, self.setting_keys)
+        return guarantees.floors(self._floor_counts, self.setting_keys)
 
     @cached_property
     def by_setting(self) -> pd.DataFrame:
@@ -227,7 +267,7 @@ class Analysis:
             return self.compared
         r = self.results  # the statistics read their own rows before: pair the report's as well
         return divergence.against_reference(rows, r.tokens_for, self.reference, self.allow_mixed, r.logprobs_for,
-                                         self.reference_run)
+                                         self.reference_run, self.stand_ins, self._carried(REPORT_COLUMNS))
 
     @cached_property
     def seen(self) -> tuple[list[Any], list[Any]]:

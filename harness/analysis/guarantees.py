@@ -212,19 +212,36 @@ def fisher_greater(d1: int, n1: int, d0: int, n0: int) -> float:
     return float(sum(comb(n1, k) * comb(n0, departed - k) for k in range(d1, top + 1)) / denominator)
 
 
-def floors(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per setting and prompt, in that order: the setting's compared and departed runs (`compared`, `diverged`), the
-    reference setting's own repeats of that prompt against their reference run (`floor_compared`,
-    `floor_diverged`), and whether the setting is itself a reference (`is_floor`)."""
+def floor_counts(compared: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per setting, cell, reference cell and prompt: its compared and departed runs (`compared`,
+    `diverged`). Counts of disjoint runs, so a campaign's parts give the folder's by adding them up
+    (joined_floor_counts), a prompt cut by its runs included; floors() is computed from them."""
     columns = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "prompt_id", "matched", "first_divergence"]))
     judged = compared.loc[compared["matched"].notna().to_numpy(), columns]  # a million rows: only these columns
+    by = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "prompt_id"]))
+    return judged.groupby(by, dropna=False, sort=True, observed=True).agg(
+        compared=("matched", "size"), diverged=("first_divergence", "count")).reset_index()
+
+
+def joined_floor_counts(counts: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """floor_counts of a folder from its parts' (the records of a setting, cell and prompt whose runs lie in
+    several parts added up), in the order one read gives."""
+    by = list(dict.fromkeys(keys + ["cell_id", "reference_cell", "prompt_id"]))
+    if not counts.duplicated(by).any():
+        return counts.sort_values(by, kind="stable", na_position="last").reset_index(drop=True)
+    return counts.groupby(by, dropna=False, sort=True, observed=True)[["compared", "diverged"]].sum().reset_index()
+
+
+def floors(counts: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per setting and prompt, in that order, from floor_counts: the setting's compared and departed runs
+    (`compared`, `diverged`), the reference setting's own repeats of that prompt against their reference
+    run (`floor_compared`, `floor_diverged`), and whether the setting is itself a reference (`is_floor`)."""
     by = keys + ["prompt_id"]
-    runs = judged.groupby(by, dropna=False, sort=False, observed=True).agg(
-        compared=("matched", "size"), diverged=("first_divergence", "count"))
-    own = judged[(judged["cell_id"] == judged["reference_cell"]).to_numpy()]
-    per_ref = own.groupby(["reference_cell", "prompt_id"], observed=True).agg(
-        n=("matched", "size"), d=("first_divergence", "count"))
-    pairs = judged[list(dict.fromkeys(by + ["cell_id", "reference_cell"]))].drop_duplicates(
+    runs = counts.groupby(by, dropna=False, sort=False, observed=True)[["compared", "diverged"]].sum()
+    own = counts[(counts["cell_id"] == counts["reference_cell"]).to_numpy()]
+    per_ref = own.groupby(["reference_cell", "prompt_id"], observed=True).agg(n=("compared", "sum"),
+                                                                               d=("diverged", "sum"))
+    pairs = counts[list(dict.fromkeys(by + ["cell_id", "reference_cell"]))].drop_duplicates(
         ["cell_id", "reference_cell", "prompt_id"])
     pairs = pairs.join(per_ref, on=["reference_cell", "prompt_id"]).fillna({"n": 0, "d": 0})
     pairs["self"] = pairs["cell_id"] == pairs["reference_cell"]

@@ -76,24 +76,20 @@ def summarize(
     """
     reference = dict(DEFAULT_REFERENCE if reference is None else reference)
     keys = keys_of(rows)
-    group_cols = keys + ["cell_id", "prompt_id"]
     if rows.empty:
-        return pd.DataFrame(columns=group_cols + ["runs"])
-
-    # Settings are constant inside a cell: group by (cell, prompt), then put the settings back.
-    by = ["cell_id", "prompt_id"]
-    settings = rows.drop_duplicates("cell_id")[["cell_id"] + keys]
-    status = (
-        rows.groupby(by + ["status"], sort=False).size().unstack("status", fill_value=0)
-        .rename(columns=lambda s: f"n_{s}")
-    )
-    status.columns.name = None
-    for name in ("n_ok", "n_failed", "n_unsupported", "n_skipped"):
-        if name not in status.columns:
-            status[name] = 0
-    errors = rows[rows["status"] != "ok"].groupby(by)["error"].first().rename("error")
+        return pd.DataFrame(columns=keys + ["cell_id", "prompt_id", "runs"])
     if compared is None:
         compared = against_reference(rows, tokens_for, reference, allow_mixed, logprobs_for, reference_run)
+    return summary_of(rows, per_run(compared), keys, reference, reference_run)
+
+
+#: per run, what a summary reads of its row besides the per_run figures
+RUN_STATUS_COLUMNS = ["cell_id", "prompt_id", "status", "error"]
+
+
+def per_run(compared: pd.DataFrame) -> pd.DataFrame:
+    """Per compared (ok) run, the values the summary's figures are made of, by cell and prompt."""
+    by = ["cell_id", "prompt_id"]
     # only what the statistics read: a copy of every column of a million rows costs what it holds
     used = by + ["output_hash", "matched", "first_divergence", "n_tokens", "target_tokens_per_s", "reference_cell",
                  "reference_repeat", "reference_share", "reference_tie", "node", "reference_node",
@@ -107,7 +103,47 @@ def summarize(
     for column, count in (("preempted", "preemptions"), ("batch_preempted", "batch_preemptions")):
         ok[column] = (ok[count] > 0).astype(float).where(ok[count].notna())
     ok["identical_lp"] = compared["logprobs_identical"].astype("Float64")
+    return ok
 
+
+def statuses(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every row's settings, status and error: with per_run of its compared runs, what summary_of reads
+    (for the runs of one (cell, prompt) that lie in several parts of a campaign, joined first: see
+    harness.analysis.partitioned)."""
+    return rows[list(dict.fromkeys(keys_of(rows) + RUN_STATUS_COLUMNS))]
+
+
+def joined_summary(cells: pd.DataFrame, rows: pd.DataFrame, ok: pd.DataFrame, reference: dict[str, Any],
+                   reference_run: str) -> pd.DataFrame:
+    """The summary of `cells` (summarized whole) and of the (cell, prompt)s whose runs were read in
+    several parts (their statuses() and per_run(), joined), in one order: settings, cell, prompt."""
+    if rows.empty:
+        return cells
+    more = summary_of(rows, ok, keys_of(rows), reference, reference_run)
+    if cells.empty:
+        return more
+    order = keys_of(more) + ["cell_id", "prompt_id"]
+    return (pd.concat([cells, more], ignore_index=True).sort_values(order, kind="stable", na_position="last")
+            .reset_index(drop=True))
+
+
+def summary_of(rows: pd.DataFrame, ok: pd.DataFrame, keys: list[str], reference: dict[str, Any],
+               reference_run: str) -> pd.DataFrame:
+    """One record per (cell, prompt): `rows` (settings, status and error of every run) and `ok` (per_run
+    of the compared runs) summarized."""
+    group_cols = keys + ["cell_id", "prompt_id"]
+    # Settings are constant inside a cell: group by (cell, prompt), then put the settings back.
+    by = ["cell_id", "prompt_id"]
+    settings = rows.drop_duplicates("cell_id")[["cell_id"] + keys]
+    status = (
+        rows.groupby(by + ["status"], sort=False).size().unstack("status", fill_value=0)
+        .rename(columns=lambda s: f"n_{s}")
+    )
+    status.columns.name = None
+    for name in ("n_ok", "n_failed", "n_unsupported", "n_skipped"):
+        if name not in status.columns:
+            status[name] = 0
+    errors = rows[rows["status"] != "ok"].groupby(by)["error"].first().rename("error")
     g = ok.groupby(by, sort=False)
     stats = pd.DataFrame(
         {

@@ -44,6 +44,15 @@ def bucket_labels(edges: tuple[float, ...] = EDGES) -> list[str]:
     return [f"{lo:g}-{hi:g}" for lo, hi in zip(bounds, edges)] + [f">={edges[-1]:g}"]
 
 
+def reference_margins(judged: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Series]) -> dict:
+    """Per (reference cell, prompt) of the `judged` runs, the margins of the run that stands for it: read
+    by its cell and repeat, so a run is read with its reference's margins wherever that run lies (a
+    part that holds some runs of a prompt need not hold its reference run)."""
+    refs = (judged[["reference_cell", "prompt_id", "reference_repeat"]].drop_duplicates(["reference_cell", "prompt_id"])
+            .rename(columns={"reference_cell": "cell_id", "reference_repeat": "repeat"}).reset_index(drop=True))
+    return dict(zip(zip(refs["cell_id"], refs["prompt_id"]), margins_for(refs)))
+
+
 def per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Series], eps: float = NEAR_TIE,
             edges: tuple[float, ...] = EDGES) -> pd.DataFrame:
     """Per compared run: steps at risk, near ties, per-bucket steps, where it departed and the
@@ -51,8 +60,7 @@ def per_run(compared: pd.DataFrame, margins_for: Callable[[pd.DataFrame], pd.Ser
     reference's end, or the reference has no margins)."""
     judged = compared.loc[compared["matched"].notna(), list(dict.fromkeys(keys_of(compared) + [
         "cell_id", "reference_cell", "prompt_id", "repeat", "first_divergence", "n_tokens"]))]
-    refs = compared.loc[compared["is_reference"], ["cell_id", "prompt_id", "repeat"]]
-    margins = dict(zip(zip(refs["cell_id"], refs["prompt_id"]), margins_for(refs)))
+    margins = reference_margins(compared.loc[compared["matched"].notna()], margins_for)
     buckets = len(edges) + 1
     out = np.full((len(judged), 5 + buckets), np.nan)  # steps, near, flip bucket, flip near, flip margin, bucket steps
     departed = judged["first_divergence"].to_numpy(dtype=float)

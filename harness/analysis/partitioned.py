@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from harness.analysis import partitions
 from harness.analysis.folder_analysis import Analysis
 from harness.core.errors import HarnessError
+from harness.results.store_reading import RunSlice
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,12 +39,12 @@ T = TypeVar("T")
 
 #: the pieces one pass over the parts computes (everything `summarize`, `check` and `--save` show is
 #: computed from them); latency reads every run's inter-token gaps and has a pass of its own, when asked
-PIECES = ("setting_keys", "summary", "flips", "_survival_counts", "_tie_sums", "_floors", "_probe_rows",
-          "_answer_rows", "_slowdown_rows", "seen")
+PIECES = ("setting_keys", "_summary_cells", "_summary_runs", "_summary_ok", "flips", "_survival_counts", "_tie_sums",
+          "_floor_counts", "_probe_rows", "_answer_rows", "_slowdown_rows", "seen")
 #: how the parts' pieces join: by run (frames.in_run_order), sorted by setting then these columns, or
 #: concatenated as they come (counts, added up where the tables are computed)
 BY_RUN = ("flips", "_probe_rows", "_answer_rows", "_slowdown_rows", "_latency_rows")
-BY_SETTING_THEN = {"summary": ["cell_id", "prompt_id"], "_floors": ["prompt_id"]}
+BY_SETTING_THEN = {"_summary_cells": ["cell_id", "prompt_id"]}
 #: worker processes at most: each holds a part, so memory grows with them
 MOST_WORKERS = 4
 #: how often a read part by part looks at its workers between parts' ends (seconds)
@@ -93,6 +94,10 @@ def _joined(frames: list[pd.DataFrame], name: str, keys: list[str]) -> pd.DataFr
     table = pd.concat(present, ignore_index=True)
     if name in BY_RUN:
         return in_run_order(table)
+    if name == "_floor_counts":  # a prompt cut by its runs has records in each of its parts: added up
+        from harness.analysis.guarantees import joined_floor_counts
+
+        return joined_floor_counts(table, [k for k in keys if k in table])
     if name in BY_SETTING_THEN:
         order = [k for k in keys if k in table] + BY_SETTING_THEN[name]
         return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
@@ -125,8 +130,10 @@ class PartitionedAnalysis(Analysis):
         """`fn` of each part's Analysis, in part order; one part's rows in memory per worker at a time."""
 
         def piece(part: partitions.Part) -> Analysis:
-            return Analysis(replace(self.results, cell_ids=list(part.cells), prompt_ids=part.prompts), self.reference,
-                            self.allow_mixed, self.reference_run, self.near_tie, self.confident)
+            runs = None if part.runs is None else RunSlice(*part.runs)
+            return Analysis(replace(self.results, cell_ids=list(part.cells), prompt_ids=part.prompts, runs=runs),
+                            self.reference, self.allow_mixed, self.reference_run, self.near_tie, self.confident,
+                            self._stand_ins(part))
 
         if self.workers < 2:  # one CPU: no process to start; each part's rows are dropped before the next
             return [fn(piece(part)) for part in self.parts]
@@ -148,6 +155,21 @@ class PartitionedAnalysis(Analysis):
             raise
         pool.shutdown()
         return [found[i] for i in range(len(self.parts))]
+
+    def _stand_ins(self, part: partitions.Part) -> pd.DataFrame | None:
+        """The runs that stand for their cells in a part that holds some runs of a prompt, chosen over all
+        of the prompt's runs by the reference-run rule (first or modal), as a whole read chooses them."""
+        if part.runs is None:
+            return None
+        key = (part.cells, part.prompts)
+        known = self.__dict__.setdefault("_stand_ins_by_prompt", {})
+        if key not in known:
+            from harness.analysis.divergence import reference_repeats
+
+            whole = replace(self.results, cell_ids=list(part.cells), prompt_ids=part.prompts)
+            rows = whole.read_rows(["cell_id", "prompt_id", "repeat", "output_hash", "status"])
+            known[key] = reference_repeats(rows[(rows["status"] == "ok").to_numpy()], self.reference_run)
+        return known[key]
 
     def _died(self, broken: BaseException) -> str:
         """What to say when a worker process died under a part (the kernel's out-of-memory killer, most often)."""

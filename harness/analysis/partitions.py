@@ -7,8 +7,10 @@ prompt. So the cells whose settings are equal but for the reference axes and bat
 closed unit, and so does any set of prompts within it: every comparison a part makes finds its
 reference runs inside the part. Units are packed into parts of about `budget` rows; a unit larger
 than that (a batch-size sweep, a reference-axis sweep) is cut into parts of its prompts, each part all
-of the unit's cells restricted to some of its prompts (a single prompt larger than `budget` stays
-whole). The tables are computed from the parts' per-run and per-prompt pieces
+of the unit's cells restricted to some of its prompts; a single prompt larger than `budget` (1000
+repeats of one prompt at batch 1 to 64) is cut by its runs, each part carrying the runs that stand
+for their cells (the reference runs, chosen over all runs of the prompt first).
+The tables are computed from the parts' per-run and per-prompt pieces
 (harness.analysis.partitioned), so cutting a setting's prompts apart changes no figure. A cell's axes
 and rows come from its own file (its first row and footer), current and stale cells alike, by
 one definition (`unit_key`). Engine options and max_tokens are left out of a unit's key: a unit
@@ -61,10 +63,12 @@ def unit_key(setting: dict[str, Any], reference: dict[str, Any]) -> tuple:
 
 @dataclass(frozen=True)
 class Part:
-    """The cells a part reads, and of their rows only those of `prompts` (None: all of them)."""
+    """The cells a part reads, and of their rows only those of `prompts` (None: all of them); of
+    those, where `runs` is given, each cell's runs at positions [start, stop) (one prompt cut by runs)."""
 
     cells: tuple[str, ...]
     prompts: tuple[str, ...] | None = None
+    runs: tuple[int, int] | None = None
 
 
 def cell_sizes(results: Results) -> list[tuple[str, dict[str, Any] | None, int]]:
@@ -111,18 +115,34 @@ def plan(results: Results, reference: dict[str, Any], budget: int = PART_ROWS) -
 
 
 def _by_prompt(results: Results, cells: list[str], budget: int) -> list[Part]:
-    """One unit's cells in parts of its prompts, each about `budget` rows (a prompt stays in one part),
-    prompts in the order the files hold them: a part then reads few of a large file's row groups."""
-    prompts = results.folder.store.read_rows(["prompt_id"], cells)["prompt_id"]
-    counts = prompts.value_counts(sort=False)
+    """One unit's cells in parts of its prompts, each about `budget` rows, prompts in the order the files
+    hold them (a part then reads few of a large file's row groups). A prompt larger than `budget` is
+    cut by its runs: parts of the same positions in each cell's runs of it (_by_runs)."""
+    read = results.folder.store.read_rows(["cell_id", "prompt_id"], cells)
+    counts = read["prompt_id"].value_counts(sort=False)
     parts: list[list[str]] = [[]]
+    cut: list[Part] = []
     filled = 0
     for prompt, size in counts.items():
+        if size > budget:
+            per_cell = read.loc[read["prompt_id"] == prompt, "cell_id"].value_counts()
+            cut += _by_runs(tuple(cells), str(prompt), int(per_cell.max()), int(size), budget)
+            continue
         if filled and filled + size > budget:
             parts.append([])
             filled = 0
         parts[-1].append(str(prompt))
         filled += int(size)
-    if len(parts) < 2:
+    whole = [Part(tuple(cells), tuple(chosen)) for chosen in parts if chosen]
+    if len(whole) + len(cut) < 2:
         return [Part(tuple(cells))]
-    return [Part(tuple(cells), tuple(chosen)) for chosen in parts]
+    return whole + cut
+
+
+def _by_runs(cells: tuple[str, ...], prompt: str, most: int, size: int, budget: int) -> list[Part]:
+    """One prompt's runs in parts of about `budget` rows: part k holds each cell's runs of the prompt at
+    positions [k*step, (k+1)*step) in file order, `most` being the most runs a cell has of it. Each
+    part reads the runs that stand for their cells besides (Analysis.stand_ins), so every run is
+    compared with the reference run a whole read gives it."""
+    step = max(1, math.ceil(most / math.ceil(size / budget)))
+    return [Part(cells, (prompt,), (start, start + step)) for start in range(0, most, step)]

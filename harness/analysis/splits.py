@@ -83,10 +83,24 @@ def splits(
     Cells and prompts whose runs all agree have no records; `runs` / `unique_outputs` of the
     first split's branches add up to the cell's totals.
     """
+    return trees(output_counts(rows, keys), tokens_for, texts_for, keys)
+
+
+def output_counts(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per (cell, prompt, output) of the ok rows: its runs `n`, with `keys` (the setting columns)."""
     ok = rows[rows["status"] == "ok"]
     # settings are constant inside a cell: count per (cell, prompt, output), then put them back per cell
     counts = ok.groupby(["cell_id", "prompt_id", "output_hash"], dropna=False).size().rename("n").reset_index()
-    counts = counts.merge(ok.drop_duplicates("cell_id")[["cell_id"] + keys], on="cell_id", how="left", sort=False)
+    return counts.merge(ok.drop_duplicates("cell_id")[["cell_id"] + keys], on="cell_id", how="left", sort=False)
+
+
+def trees(
+    counts: pd.DataFrame,
+    tokens_for: Callable[[set[str]], dict[str, Sequence[int]]],
+    texts_for: Callable[[set[str]], dict[str, Sequence[str]]],
+    keys: list[str],
+) -> pd.DataFrame:
+    """The split trees of output_counts (see splits)."""
     several = counts.groupby(["cell_id", "prompt_id"])["output_hash"].transform("nunique") > 1
     counts = counts[several]
     columns = keys + ["cell_id", "prompt_id"] + SPLIT_COLUMNS
@@ -103,18 +117,39 @@ def splits(
     return pd.DataFrame(out, columns=columns)
 
 
-def part_splits(analysis: Any) -> pd.DataFrame:
-    """The splits of one analysis's rows (a folder, or a part of a campaign)."""
+def part_splits(analysis: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The splits of one analysis's rows (a folder, or a part of a campaign), and the output counts of a
+    part that holds some runs of a prompt (its trees are drawn once the parts' counts are added up)."""
     rows, results = analysis.rows, analysis.results
-    return splits(rows, results.tokens_for, results.texts_for, keys_of(rows))
+    keys = keys_of(rows)
+    counts = output_counts(rows, keys)
+    if analysis.stand_ins is not None:
+        return trees(counts.iloc[:0], results.tokens_for, results.texts_for, keys), counts
+    return trees(counts, results.tokens_for, results.texts_for, keys), counts.iloc[:0]
+
+
+def joined_splits(found: list[tuple[pd.DataFrame, pd.DataFrame]], results: Any) -> pd.DataFrame:
+    """The split trees of a folder from its parts' part_splits, in cell and prompt order."""
+    present = [t for t, _ in found if not t.empty]
+    cut = [c for _, c in found if not c.empty]
+    if cut:
+        from dataclasses import replace
+
+        counts = pd.concat(cut, ignore_index=True)
+        keys = [c for c in counts.columns if c not in ("cell_id", "prompt_id", "output_hash", "n")]
+        summed = (counts.groupby(["cell_id", "prompt_id", "output_hash"], dropna=False, sort=True)["n"].sum()
+                  .reset_index().merge(counts.drop_duplicates("cell_id")[["cell_id"] + keys], on="cell_id", how="left"))
+        these = replace(results, cell_ids=list(dict.fromkeys(summed["cell_id"])),
+                        prompt_ids=tuple(dict.fromkeys(summed["prompt_id"])), runs=None)
+        made = trees(summed, these.tokens_for, these.texts_for, keys)
+        present += [made] if not made.empty else []
+    if len(present) < 2:
+        return present[0] if present else found[0][0]
+    return (pd.concat(present, ignore_index=True).sort_values(["cell_id", "prompt_id"], kind="stable")
+            .reset_index(drop=True))
 
 
 def folder_splits(analysis: Any) -> pd.DataFrame:
     """Where the outputs of each cell and prompt of a results folder split (`harness summarize --what
-    splits`), part by part where the analysis reads a campaign in parts: a (cell, prompt) lies in one part."""
-    found = analysis.per_part(part_splits, with_statistics=False)
-    trees = [t for t in found if not t.empty]
-    if len(trees) < 2:
-        return trees[0] if trees else found[0]
-    return pd.concat(trees, ignore_index=True).sort_values(["cell_id", "prompt_id"], kind="stable") \
-        .reset_index(drop=True)
+    splits`), part by part where the analysis reads a campaign in parts."""
+    return joined_splits(analysis.per_part(part_splits, with_statistics=False), analysis.results)

@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 
 from harness.analysis.folder_analysis import Analysis
+from harness.analysis.near_ties import reference_margins
+from harness.analysis.splits import joined_splits, part_splits
 from harness.experiment.axes import describe
 from harness.experiment.varying import varying
 from harness.results.columns import keys_of
@@ -84,13 +86,14 @@ class ChartPart:
     #: a record per departed run, indexed like the part's paired rows: cell_id, prompt_id,
     #: first_divergence, margin_run, margin_reference
     margins: pd.DataFrame
-    splits: pd.DataFrame  # harness.analysis.splits records of the part's cells
+    #: harness.analysis.splits.part_splits: the part's split trees, and the output counts of a prompt it
+    #: holds some runs of (its trees drawn once the parts' counts are added up)
+    splits: tuple[pd.DataFrame, pd.DataFrame]
 
 
 def chart_part(analysis: Analysis) -> ChartPart:
     """The per-run chart data of one analysis (a folder, or one part of a campaign): its report
     rows paired with the reference. Margins are read for the departing runs and their references only."""
-    from harness.analysis.splits import part_splits
 
     rows, annotated, r = analysis.report_rows, analysis.paired, analysis.results
     keys = keys_of(rows)
@@ -98,9 +101,7 @@ def chart_part(analysis: Analysis) -> ChartPart:
     identical = (judged.assign(identical=judged["matched"].astype(bool)).groupby("cell_id", sort=False)
                  .agg(compared=("identical", "size"), identical=("identical", "sum")).reset_index())
     split = judged[judged["first_divergence"].notna()]
-    first = annotated[annotated["is_reference"]]  # the runs that stand for their cells
-    first = first[first["cell_id"].isin(set(split["reference_cell"].dropna()))]
-    margin_of = {(c, p): m for c, p, m in zip(first["cell_id"], first["prompt_id"], r.margins_for(first))}
+    margin_of = reference_margins(split, r.margins_for)  # of the runs that stand for the departed runs' cells
     records = {}
     runs = split[["cell_id", "prompt_id", "first_divergence", "reference_cell"]].itertuples(index=False)
     for index, run, run_margins in zip(split.index, runs, r.margins_for(split)):
@@ -164,10 +165,9 @@ def joined(parts: list[ChartPart], analysis: Analysis) -> Charts:
         survival=_series_first(analysis.survival, varying),
         flips_by_margin=_series_first(analysis.flips_by_margin, varying),
     )
-    trees = [p.splits for p in parts if not p.splits.empty]
-    if trees:
-        tree = pd.concat(trees, ignore_index=True).sort_values(["cell_id", "prompt_id"], kind="stable")
-        add_splits(charts, tree.reset_index(drop=True))
+    tree = joined_splits([p.splits for p in parts], analysis.results)
+    if not tree.empty:
+        add_splits(charts, tree)
     return charts
 
 

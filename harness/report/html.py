@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from harness.analysis.folder_analysis import Analysis
 from harness.experiment.axes import AXES
@@ -25,6 +26,7 @@ from harness.report import charts as charts_mod
 from harness.results import provenance_fields
 from harness.results.columns import PROBE_COLUMNS, keys_of
 from harness.results.folder_rows import Results
+from harness.results.schema import ROW_SCHEMA
 
 #: the folder's context shown in the page's header (harness.results.provenance_fields)
 PROVENANCE = provenance_fields.CONTEXT
@@ -90,23 +92,51 @@ def _ranges(repeats: list[int]) -> dict[str, Any]:
                                                if len(out) > RANGES_SHOWN else {})
 
 
+#: the row columns that hold whole numbers: a read where some are missing gives them as floats
+WHOLE_NUMBERS = frozenset(f.name for f in ROW_SCHEMA if pa.types.is_integer(f.type))
+
+
+def _whole(column: str, value: Any) -> Any:
+    """A whole-number column's value as an int (4, not 4.0), however the read typed it: one page
+    whether a campaign is read whole or part by part."""
+    return int(value) if column in WHOLE_NUMBERS and isinstance(value, float) else value
+
+
+#: what makes runs of one cell and prompt one entry of the runs viewer (and the logit probe's columns)
+ENTRY_KEYS = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
+              "n_tokens", "_margin_run", "_margin_ref"]
+
+
 def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs viewer's entries: runs of one cell and prompt that show the same thing (output,
     verdict, split, margins, probe numbers) are one entry with their count and repeat ranges;
     throughput is their median. The reference run is an entry of its own."""
+    return _entries(*_entry_runs(ok, problems, margins))
+
+
+def _entry_runs(ok: pd.DataFrame, problems: pd.DataFrame,
+                margins: dict[Any, dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per run, what its entry is made of; the runs that did not end ok; per cell, its settings): the
+    entries of the runs of one cell and prompt read in several parts are made once they are joined."""
     probe = [c for c in PROBE_COLUMNS if c in ok and ok[c].notna().any()]
-    settings = keys_of(ok)  # every axis and swept option: what the viewer filters and shows
-    keys = ["cell_id", "prompt_id", "output_hash", "is_reference", "reference_cell", "matched", "first_divergence",
-            "n_tokens", "_margin_run", "_margin_ref"] + probe
-    frame = ok[[c for c in dict.fromkeys(keys + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
+    frame = ok[[c for c in dict.fromkeys(ENTRY_KEYS + probe + ["repeat", "target_tokens_per_s"]) if c in ok]].copy()
     for column, name in (("_margin_run", "margin_run"), ("_margin_ref", "margin_reference")):
         given = {i: m[name] for i, m in margins.items() if m.get(name) is not None}
         frame[column] = pd.Series(given, dtype=float).reindex(frame.index)
+    # every axis and swept option: what the viewer filters and shows (constant inside a cell)
+    return frame, problems, ok.drop_duplicates("cell_id")[["cell_id"] + keys_of(ok)]
+
+
+def _entries(frame: pd.DataFrame, problems: pd.DataFrame, cells: pd.DataFrame) -> list[dict[str, Any]]:
+    """The entries of _entry_runs' frames (see _run_entries)."""
+    probe = [c for c in PROBE_COLUMNS if c in frame and frame[c].notna().any()]
+    settings = [c for c in cells.columns if c != "cell_id"]
+    keys = ENTRY_KEYS + probe
     # aggregate per entry first (a few thousand groups), then build each entry from one record
     g = frame.groupby(keys, dropna=False, sort=False)
     table = g.agg(repeat=("repeat", "min"), count=("repeat", "size"), tps=("target_tokens_per_s", "median")).reset_index()
     # settings are constant inside a cell: put them back from a table of cells, not per entry group
-    table = table.merge(ok.drop_duplicates("cell_id")[["cell_id"] + settings], on="cell_id", how="left", sort=False)
+    table = table.merge(cells, on="cell_id", how="left", sort=False)
     repeats = [_ranges([int(x) for x in r]) for r in g["repeat"].agg(list)]
     entries = []
     for r, spans in zip(table.to_dict("records"), repeats):
@@ -123,7 +153,7 @@ def _run_entries(ok: pd.DataFrame, problems: pd.DataFrame, margins: dict[Any, di
         if not (pd.isna(r["_margin_run"]) and pd.isna(r["_margin_ref"])):
             run["margin"] = [_plain(r["_margin_run"]), _plain(r["_margin_ref"])]
         if probe and not pd.isna(r.get("probe_steps")):
-            run["probe"] = {c.removeprefix("probe_"): _plain(r[c]) for c in probe}
+            run["probe"] = {c.removeprefix("probe_"): _whole(c, _plain(r[c])) for c in probe}
         entries.append(run)
     for values, part in problems.groupby(["cell_id", "prompt_id", "status", "error"], dropna=False, sort=False):
         first = part.iloc[0]
@@ -212,9 +242,12 @@ def report_part(analysis: Analysis) -> dict[str, Any]:
     rows, annotated = analysis.report_rows, analysis.paired
     chart = charts_mod.chart_part(analysis)
     margins = chart.margins[["margin_run", "margin_reference"]].to_dict("index")
+    made = _entry_runs(annotated, rows[rows["status"] != "ok"], margins)
+    cut = analysis.stand_ins is not None  # some runs of a prompt: its entries are made once the parts are in
     return {
         "charts": chart,
-        "runs": _run_entries(annotated, rows[rows["status"] != "ok"], margins),
+        "runs": [] if cut else _entries(*made),
+        "entry_runs": made if cut else None,
         "outputs": _outputs(annotated, analysis.results),
         # each distinct value with each cell and prompt it first appears in: the parts' values join in
         # cell, prompt, then row order, as a whole read's do (a part holds whole prompts)
@@ -237,14 +270,25 @@ def _joined_header(parts: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def _joined_entries(found: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None]) -> list[dict[str, Any]]:
+    """The entries of the runs read in several parts (a prompt cut by its runs), from their parts'
+    _entry_runs joined in part order (each part's runs in row order)."""
+    made = [f for f in found if f is not None]
+    if not made:
+        return []
+    frame, problems, cells = (pd.concat([m[i] for m in made]) for i in range(3))
+    return _entries(frame, problems, cells.drop_duplicates("cell_id"))
+
+
 def build(analysis: Analysis) -> dict[str, Any]:
     """Everything the page shows, as plain data, from the folder's parts (one, unless the analysis
     reads a campaign part by part)."""
     store = analysis.results
     parts = analysis.per_part(report_part)
     chart = charts_mod.joined([p["charts"] for p in parts], analysis)
-    # a (cell, prompt)'s entries come from one part, in its row order
-    runs = sorted((e for p in parts for e in p["runs"]), key=lambda e: (e["status"] != "ok", e["cell"], e["prompt"]))
+    # a (cell, prompt)'s entries come from one part, in its row order, or from its parts' runs joined
+    runs = sorted([e for p in parts for e in p["runs"]] + _joined_entries([p["entry_runs"] for p in parts]),
+                  key=lambda e: (e["status"] != "ok", e["cell"], e["prompt"]))
     statuses = pd.Series({}, dtype="int64")
     for part in parts:
         statuses = statuses.add(pd.Series(part["statuses"], dtype="int64"), fill_value=0)

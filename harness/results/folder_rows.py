@@ -14,6 +14,8 @@ from harness.results.folder import MANIFEST, ResultsFolder
 if TYPE_CHECKING:  # pandas is imported where rows are read: `harness run` starts faster
     import pandas as pd
 
+    from harness.results.store_reading import RunPick, RunSlice
+
 
 @dataclass
 class Results:
@@ -26,6 +28,8 @@ class Results:
     all_cells: bool
     #: only the rows of these prompts (a campaign's part: harness.analysis.partitions); None: every row
     prompt_ids: tuple[str, ...] | None = None
+    #: of those prompts' rows, only these runs (a part that cuts one prompt by its runs); None: all
+    runs: RunSlice | RunPick | None = None
 
     @property
     def root(self) -> Path:
@@ -41,7 +45,8 @@ class Results:
         `provenance_as_categories`: see Store.read_rows."""
         if columns is not None:
             columns = list(dict.fromkeys(columns + self.option_axes))
-        return self.folder.store.read_rows(columns, self.cell_ids, provenance_as_categories, self.prompt_ids)
+        return self.folder.store.read_rows(columns, self.cell_ids, provenance_as_categories, self.prompt_ids,
+                                           self.runs)
 
     def restricted(self, where: dict[str, Any], option: str = "--where") -> Results:
         """These results read as the cells whose settings equal `where` alone (one folder as both

@@ -4,6 +4,7 @@ filled with their later columns, and rows, token lists, texts and values read by
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -102,9 +103,46 @@ def _file_by_file(read: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         return list(pool.map(read, items))
 
 
-def _read_cell_file(path: Path, wanted: list[str] | None, prompt_ids: Sequence[str] | None = None) -> pa.Table:
+@dataclass(frozen=True)
+class RunSlice:
+    """Of a cell file's rows (of the prompts read), those at positions [start, stop) in file order: a
+    part of a campaign that cuts one prompt by its runs (harness.analysis.partitions)."""
+
+    start: int
+    stop: int
+
+    def narrow(self, cell_id: str, handle: pq.ParquetFile, wanted: Any) -> Any:
+        """`wanted` (a row mask of the file) kept at the chosen positions among its true rows."""
+        import numpy as np
+
+        out = np.zeros_like(wanted)
+        out[np.flatnonzero(wanted)[self.start:self.stop]] = True
+        return out
+
+
+@dataclass(frozen=True)
+class RunPick:
+    """Of a cell file's rows (of the prompts read), the runs named as (cell id, repeat): the runs that
+    stand for their cells, carried into each part of a prompt cut by its runs."""
+
+    runs: tuple[tuple[str, int], ...]
+
+    def narrow(self, cell_id: str, handle: pq.ParquetFile, wanted: Any) -> Any:
+        """`wanted` (a row mask of the file) kept where the row's repeat is one named for this cell."""
+        import numpy as np
+
+        repeats = [repeat for cell, repeat in self.runs if cell == cell_id]
+        if not repeats or "repeat" not in handle.schema_arrow.names:
+            return np.zeros_like(wanted)
+        found = handle.read(columns=["repeat"], use_threads=False).column(0)
+        return wanted & pc.is_in(found, value_set=pa.array(repeats, found.type)).to_numpy(zero_copy_only=False)
+
+
+def _read_cell_file(path: Path, wanted: list[str] | None, prompt_ids: Sequence[str] | None = None,
+                    runs: RunSlice | RunPick | None = None) -> pa.Table:
     """One cell file's `wanted` columns (all when None), its texts dictionary-encoded, later axes filled;
-    only the rows of `prompt_ids` where given (a campaign's part: harness.analysis.partitions)."""
+    only the rows of `prompt_ids` where given (a campaign's part: harness.analysis.partitions), and of
+    those only `runs` where given (filtered before pandas sees them)."""
     footer = readable(path)
     schema = footer.schema_arrow
     names = set(schema.names)
@@ -116,10 +154,11 @@ def _read_cell_file(path: Path, wanted: list[str] | None, prompt_ids: Sequence[s
     if prompt_ids is not None and "prompt_id" in names:
         text = list(dict.fromkeys(text + ["prompt_id"]))  # its ids compared once each (_rows_of_prompts)
     handle = pq.ParquetFile(path, read_dictionary=text, metadata=footer.metadata)
-    if prompt_ids is None:
+    if prompt_ids is None and runs is None:
         table = handle.read(columns=present)
     else:
-        table = _rows_of_prompts(handle, present, prompt_ids)
+        narrow = None if runs is None else (lambda handle, wanted: runs.narrow(path.stem, handle, wanted))
+        table = _rows_of_prompts(handle, present, prompt_ids, narrow)
     _refuse_newer(path, table)
     return _encoded(_with_later_axes(table, wanted))
 
@@ -132,12 +171,14 @@ def _group_starts(handle: pq.ParquetFile) -> Any:
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
 
-def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_ids: Sequence[str]) -> pa.Table:
-    """The rows of `prompt_ids` in one cell file, reading only the row groups that hold any (a file's
-    runs of a prompt lie together as the runner writes them, in groups of Store.ROW_GROUP_ROWS)."""
+def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_ids: Sequence[str] | None,
+                     narrow: Callable[[pq.ParquetFile, Any], Any] | None = None) -> pa.Table:
+    """The rows of `prompt_ids` (None: all) in one cell file, of those the ones `narrow` keeps of their
+    mask, reading only the row groups that hold any (a file's runs of a prompt lie together as the
+    runner writes them, in groups of Store.ROW_GROUP_ROWS)."""
     import numpy as np
 
-    values = pa.array(list(prompt_ids), pa.string())
+    values = pa.array(list(prompt_ids or ()), pa.string())
 
     def among(prompts: pa.Array) -> np.ndarray:
         if pa.types.is_dictionary(prompts.type):  # the few distinct ids compared, not a string per row
@@ -145,8 +186,13 @@ def _rows_of_prompts(handle: pq.ParquetFile, present: list[str] | None, prompt_i
             return known[pc.fill_null(prompts.indices, -1).to_numpy(zero_copy_only=False)]
         return pc.is_in(prompts, value_set=values).to_numpy(zero_copy_only=False)
 
-    chunks = handle.read(columns=["prompt_id"], use_threads=False).column(0).chunks
-    wanted = np.concatenate([among(c) for c in chunks]) if chunks else np.zeros(0, dtype=bool)
+    if prompt_ids is None:
+        wanted = np.ones(handle.metadata.num_rows, dtype=bool)
+    else:
+        chunks = handle.read(columns=["prompt_id"], use_threads=False).column(0).chunks
+        wanted = np.concatenate([among(c) for c in chunks]) if chunks else np.zeros(0, dtype=bool)
+    if narrow is not None:
+        wanted = narrow(handle, wanted)
     starts = _group_starts(handle)
     groups = [i for i in range(len(starts) - 1) if wanted[starts[i]:starts[i + 1]].any()]
     if not groups:
@@ -186,20 +232,22 @@ class StoreReading:
     """The reading half of Store (harness.results.store), for a class with `cell_files` and `cell_path`."""
 
     def read_rows(self, columns: list[str] | None = None, cell_ids: Iterable[str] | None = None,
-                  provenance_as_categories: bool = False, prompt_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                  provenance_as_categories: bool = False, prompt_ids: Sequence[str] | None = None,
+                  runs: RunSlice | RunPick | None = None) -> pd.DataFrame:
         """Every row of the finished cells (all, or the given ids), one DataFrame (empty with the schema if none).
 
         With `provenance_as_categories`, the WHERE_MADE columns are pandas categoricals (for readers
         that only group, compare and list them); every other text column holds Python strings.
 
         A file written by a newer schema version is refused, never read with its new columns dropped.
-        `prompt_ids`: only the rows of these prompts (None: every row).
+        `prompt_ids`: only the rows of these prompts (None: every row); `runs`: of those, these runs.
         """
         files = self.cell_files(cell_ids)
         if not files:
             return ROW_SCHEMA.empty_table().to_pandas()[columns or ROW_SCHEMA.names]
-        wanted = None if columns is None else list(dict.fromkeys(columns + ["schema_version"]))
-        tables = _file_by_file(lambda path: _read_cell_file(path, wanted, prompt_ids), files)
+        extra = ["schema_version"]
+        wanted = None if columns is None else list(dict.fromkeys(columns + extra))
+        tables = _file_by_file(lambda path: _read_cell_file(path, wanted, prompt_ids, runs), files)
         frame = _shared_strings(pa.concat_tables(tables, promote_options="default").to_pandas(),
                                 keep=WHERE_MADE if provenance_as_categories else ())
         names = columns or ROW_SCHEMA.names + [c for c in frame.columns if c not in ROW_SCHEMA.names]
