@@ -90,6 +90,20 @@ def test_continuous_runs_pair_with_padded_runs_of_the_same_prompts(tf_rows):
     assert keys[("continuous", 1)] == keys[("padded", 1)] and len(keys[("padded", 1)]) == 4
 
 
+def test_a_continuous_row_says_which_requests_shared_its_forward_passes(tf_rows):
+    """Under a scheduler "batch 3" is a request, not a fact: each continuous row records the forward passes
+    its batch's requests ran in, how many requests each held, and in how many of its own the target had
+    company (none at batch 1; some at batch 3, the three requests being added together)."""
+    _, rows = tf_rows
+    plain = _plain(rows)
+    continuous = plain[plain.batching == "continuous"]
+    for size, detail in zip(continuous.batch_size, continuous.engine_detail.map(json.loads)):
+        passes = detail["forward_passes"]
+        assert passes["target_passes"] >= 8 - 1 and sum(passes["requests_per_pass"].values()) == passes["passes"]
+        assert max(int(k) for k in passes["requests_per_pass"]) <= size
+        assert (passes["target_shared"] > 0) is (size > 1)
+
+
 def test_the_logit_probe_runs_on_padded_cells_and_says_why_not_on_continuous(tf_rows):
     _, rows = tf_rows
     plain = _plain(rows)

