@@ -173,3 +173,26 @@ def test_llamacpp_folders_are_refused_with_the_reason_or_have_nothing_to_locate(
     said = " ".join(done.stdout.split())
     assert done.returncode == 0 and "first differs" not in said
     assert "nothing to locate" in said or "not located" in said and "transformers does" in said
+
+
+@pytest.mark.engine
+def test_summarize_and_the_report_show_what_locate_found(traced, tmp_path):
+    """`summarize --what locate` reads the stored findings (one line per traced step, or their records as
+    json); the report lists them under "Why runs split"; a folder never traced says so."""
+    folder, _ = traced
+    from harness.run.locate import read_steps
+
+    steps = read_steps(folder)
+    done = run_harness("summarize", str(folder), "--what", "locate", "-f", "json")
+    assert done.returncode == 0, done.stderr
+    records = json.loads(done.stdout)
+    assert len(records) == len(steps) and {r["finding"] for r in records} == set(steps["finding"])
+    table = run_harness("summarize", str(folder), "--what", "locate")
+    assert table.returncode == 0 and all(f in " ".join(table.stdout.split()) for f in steps["finding"].str.split().str[0])
+    page = tmp_path / "report.html"
+    assert run_harness("report", str(folder), "-o", str(page)).returncode == 0
+    payload = json.loads(page.read_text().split('id="report-data">', 1)[1].split("</script>", 1)[0])
+    assert [s["finding"] for s in payload["located"]] == steps.sort_values(["setting", "prompt_id", "step"],
+                                                                           kind="stable")["finding"].tolist()
+    if steps.empty:
+        assert "no stored traces" in table.stdout

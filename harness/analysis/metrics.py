@@ -301,11 +301,15 @@ def probe_summary(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=keys + ["runs", "steps", "steps_differed", "logits_compared",
                                             "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"])
     g = probed.groupby(keys, dropna=False, sort=True)
-    compared, differed = g["probe_logits_compared"].sum(), g["probe_logits_differed"].sum()
+
+    def counted(column: str) -> pd.Series:  # whole numbers, whether or not a read typed them as floats
+        return g[column].sum().astype("int64")
+
+    compared, differed = counted("probe_logits_compared"), counted("probe_logits_differed")
     return pd.DataFrame({
         "runs": g.size(),
-        "steps": g["probe_steps"].sum(),
-        "steps_differed": g["probe_steps_differed"].sum(),
+        "steps": counted("probe_steps"),
+        "steps_differed": counted("probe_steps_differed"),
         "logits_compared": compared,
         "logits_differed": differed,
         "moved_share": differed / compared.where(compared > 0),

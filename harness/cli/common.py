@@ -109,6 +109,21 @@ def write_frame(frame: Any, fmt: str) -> None:
         sys.stdout.write(frame.to_csv(index=False))
 
 
+def print_located(screen: Console, results: Any, fmt: str) -> None:
+    """What `harness locate` stored for the folder's cells: a line per traced step, or its records as json / csv."""
+    from harness.run.locate import located_steps
+
+    steps = located_steps(results)
+    if fmt in ("json", "csv"):
+        write_frame(steps, fmt)
+    elif steps.empty:
+        screen.print("no stored traces for these results (run 'harness locate' first)")
+    else:
+        for record in steps.to_dict("records"):
+            screen.print(f"{escape(record['setting'])} / {escape(record['prompt_id'])} run {record['repeat']}, "
+                         f"{record['step_kind']} (step {record['step']}): {escape(record['finding'])}")
+
+
 def open_folder(folder: Path, all_cells: bool = False) -> Any:
     """The folder's rows as a reader may see them: the current experiment's cells, with a note on
     stderr when stale cells are left out (harness.results.folder)."""

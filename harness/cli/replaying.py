@@ -15,6 +15,7 @@ from harness.cli.common import (
     command,
     data_console,
     open_folder,
+    print_located,
     stdout_to_stderr,
     write_frame,
 )
@@ -118,12 +119,4 @@ def locate(
             screen.print(f"wrote {len(written)} trace file(s) under {escape(str(written[0].parent.parent.parent))}")
         for why in refused:
             screen.print(f"[yellow]not located[/yellow]: {escape(why)}")
-    steps = locating.read_steps(found.root)
-    if fmt in ("json", "csv"):
-        write_frame(steps, fmt)
-    elif steps.empty:
-        screen.print("no stored traces for these results (run 'harness locate' without --stats-only)")
-    else:
-        for record in steps.sort_values(["setting", "prompt_id", "step"], kind="stable").to_dict("records"):
-            screen.print(f"{escape(record['setting'])} / {escape(record['prompt_id'])} run {record['repeat']}, "
-                         f"{record['step_kind']} (step {record['step']}): {escape(record['finding'])}")
+    print_located(screen, found, fmt)

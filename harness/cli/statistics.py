@@ -27,6 +27,7 @@ from harness.cli.common import (
     data_console,
     open_analysis,
     open_folder,
+    print_located,
     stdout_to_stderr,
     write_frame,
 )
@@ -82,7 +83,9 @@ def summarize(
              "'survival' (share still identical "
              "after t tokens), 'flips_by_margin' (departures per step by margin bucket) or 'flips' (each departed run "
              "with the reference's margin where it split and its flip class). 'splits': where the "
-             "outputs of each cell and prompt part, with how many runs take each branch (also as a table).",
+             "outputs of each cell and prompt part, with how many runs take each branch (also as a table). "
+             "'locate': what 'harness locate' found, the first operation whose output differs for each traced "
+             "step (also as a table).",
     ),
     allow_mixed: AllowMixedOpt = [],
     all_cells: AllCellsOpt = False,
@@ -98,7 +101,10 @@ def summarize(
     from harness.analysis.folder_analysis import TABLES
 
     allowed("--format", fmt, ("table", "json", "csv"))
-    allowed("--what", what, tuple(TABLES) + ("latency", "splits"))
+    allowed("--what", what, tuple(TABLES) + ("latency", "splits", "locate"))
+    if what == "locate":
+        print_located(data_console(fmt), open_folder(results, all_cells), fmt)
+        return
     if what == "splits":
         _print_splits(open_analysis(results, [], all_cells=all_cells), str(results), fmt)
         return

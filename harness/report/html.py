@@ -181,6 +181,7 @@ def _probe_table(table: pd.DataFrame, varying: list[str]) -> list[dict[str, Any]
     """The logit probes per setting (metrics.probe_summary), labelled like the charts' series."""
     if table.empty:
         return []
+    table = table.copy()  # the analysis's own table: a page built twice from one analysis labels it twice
     table.insert(0, "series", charts_mod.series_labels(table, varying))
     return _records(table[["series", "batch_size", "runs", "steps", "steps_differed", "logits_compared",
                            "logits_differed", "moved_share", "max_abs_diff", "low_margin_frac"]])
@@ -280,7 +281,7 @@ def _joined_entries(found: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] 
     return _entries(frame, problems, cells.drop_duplicates("cell_id"))
 
 
-def build(analysis: Analysis) -> dict[str, Any]:
+def build(analysis: Analysis, located: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything the page shows, as plain data, from the folder's parts (one, unless the analysis
     reads a campaign part by part)."""
     store = analysis.results
@@ -311,6 +312,10 @@ def build(analysis: Analysis) -> dict[str, Any]:
         },
         "filters": varying(cells, keys_of(cells)) or ["engine"],
         "guarantees": _guarantees(analysis),
+        # what `harness locate` found (harness.run.locate.located_steps), passed in: the report reads no trace
+        "located": [{"setting": r["setting"], "prompt": r["prompt_id"], "repeat": int(r["repeat"]),
+                     "step_kind": r["step_kind"], "step": int(r["step"]), "finding": r["finding"]}
+                    for r in (located.to_dict("records") if located is not None else [])],
         "prompts": _prompt_texts(store),
         "outputs": {h: o for p in parts for h, o in p["outputs"].items()},
         "runs": runs,
@@ -346,9 +351,9 @@ def render(payload: dict[str, Any]) -> str:
     )
 
 
-def write(analysis: Analysis, out: Path) -> dict[str, Any]:
+def write(analysis: Analysis, out: Path, located: pd.DataFrame | None = None) -> dict[str, Any]:
     """Build and write the report atomically; returns the payload (for the CLI's summary line)."""
-    payload = build(analysis)
+    payload = build(analysis, located)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

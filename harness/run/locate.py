@@ -299,6 +299,16 @@ def read_steps(root: Path) -> pd.DataFrame:
     return read_side(root, STEPS_FOLDER, STEPS_SCHEMA)
 
 
+def located_steps(results: Results) -> pd.DataFrame:
+    """The traced steps of the cells read (STEPS_SCHEMA), in setting, prompt and step order: what
+    `summarize --what locate`, `locate --stats-only` and the report show."""
+    steps = read_steps(results.root)
+    if steps.empty:
+        return steps
+    steps = steps[steps["cell_id"].isin(set(results.cell_ids))]
+    return steps.sort_values(["setting", "prompt_id", "step"], kind="stable").reset_index(drop=True)
+
+
 def read_ops(root: Path) -> pd.DataFrame:
     """Every traced op of a results folder (OPS_SCHEMA)."""
     return read_side(root, FOLDER, OPS_SCHEMA)

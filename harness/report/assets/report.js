@@ -64,6 +64,14 @@
         el("ul", {}, g.likely_bugs.map((b) => el("li", {},
           `${b.setting}: ${b.prompt} repeat ${b.repeat} at token ${b.token} (margin ${b.margin.toFixed(2)}; cell ${b.cell})`))));
     }
+    const located = DATA.located || [];
+    if (located.length) {
+      document.getElementById("overview-body").append(
+        el("h3", { text: `Why runs split: ${located.length} traced step(s)` }),
+        el("p", { class: "note", text: "harness locate: each pass rebuilt as it ran and traced module by module; the first operation whose output differs from the reference run's." }),
+        el("ul", { class: "located" }, located.map((s) => el("li", {},
+          `${s.setting} / ${s.prompt} repeat ${s.repeat}, ${s.step_kind} (step ${s.step}): ${s.finding}`))));
+    }
   }
 
   // ---------- charts ----------
