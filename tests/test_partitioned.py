@@ -110,7 +110,7 @@ def test_parts_in_worker_processes_equal_the_whole_folder(campaign):
 @pytest.mark.parametrize("options", [{"reference": {"seed": 0}, "reference_run": "modal"},
                                      {"reference": {"batch_size": 2}, "near_tie": 0.02, "confident": 1.0}])
 def test_parts_equal_the_whole_folder_under_other_references(campaign, options):
-    _assert_equal(open_results(campaign.root), budget=1, workers=1, **options)
+    _assert_equal(open_results(campaign.root), budget=30, workers=1, **options)
 
 
 def test_stale_cells_read_with_all_cells_are_planned_from_their_rows(tmp_path):
