@@ -11,7 +11,9 @@ the target among the fillers it draws, ignore_eos) into a fresh folder, summary 
 as a user runs it; the bare script decodes the same N prompts.
 Prints each side's median wall time, the fixed cost (the difference of the medians, and the median
 of the per-round differences), the ratio harness / bare and the throughput bare / harness
-(issue 28's goals: fixed cost <= 1 s, throughput >= 0.95).
+(issue 28's goals: fixed cost <= 1 s, throughput >= 0.95); and the measured batch alone, prefill to
+last token: the bare loop's tokens/s against the row's `batch_tokens_per_s` (the same span, timed
+by the engine), their ratio (issue 67's goal: >= 0.97).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 BARE = r"""
-import json, sys
+import json, sys, time
 import numpy as np
 import llama_cpp as ll
 spec = json.load(open(sys.argv[1]))
@@ -56,6 +58,7 @@ def decode(entries):
     batch.n_tokens = len(entries)
     assert ll.llama_decode(ctx, batch) == 0
 flat = [(tok, p, s, p == len(t) - 1) for s, t in enumerate(tokens) for p, tok in enumerate(t)]
+t0 = time.perf_counter()
 nxt, out = {}, 0
 for start in range(0, len(flat), spec["n_batch"]):
     chunk = flat[start:start + spec["n_batch"]]
@@ -68,7 +71,7 @@ for step in range(1, spec["max_tokens"]):
     decode([(nxt[s], len(tokens[s]) + step - 1, s, True) for s in range(n)])
     nxt = {s: int(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, s), shape=(n_vocab,)).argmax()) for s in range(n)}
     out += n
-print(out)
+json.dump({"tokens": out, "batch_s": time.perf_counter() - t0}, open(sys.argv[2], "w"))
 """
 
 EXPERIMENT = """name: fixed-cost
@@ -124,12 +127,17 @@ def main() -> None:
             batch=args.batch, tokens=args.tokens, per_seq=per_seq, extra="on" if spec["extra"] else "off",
             target=json.dumps(target.text),
             fillers=json.dumps([f.text for f in prompts.fillers])))
-        bare, mine = [], []
+        bare, mine, bare_tps, mine_tps = [], [], [], []
         for r in range(args.rounds):
-            bare.append(timed([sys.executable, str(work / "bare.py"), str(work / "spec.json")], work))
+            bare.append(timed([sys.executable, str(work / "bare.py"), str(work / "spec.json"), str(work / "bare.json")],
+                              work))
             mine.append(timed([sys.executable, "-m", "harness", "run", str(work / "exp.yaml"), "--out",
                                str(work / f"out-{r}")], ROOT))
-            print(f"round {r + 1}: bare {bare[-1]:.2f} s, harness run {mine[-1]:.2f} s", flush=True)
+            done = json.loads((work / "bare.json").read_text())
+            bare_tps.append(done["tokens"] / done["batch_s"])
+            mine_tps.append(_batch_tokens_per_s(work / f"out-{r}"))
+            print(f"round {r + 1}: bare {bare[-1]:.2f} s, harness run {mine[-1]:.2f} s; measured batch "
+                  f"{bare_tps[-1]:.1f} vs {mine_tps[-1]:.1f} tokens/s", flush=True)
     b, m = statistics.median(bare), statistics.median(mine)
     # rounds alternate, so a round's two runs share the machine's state of the moment: the median of
     # the per-round differences drifts less than the difference of the medians (both are printed)
@@ -138,6 +146,17 @@ def main() -> None:
           f"fixed cost {m - b:.2f} s, ratio {m / b:.3f} (medians of {args.rounds}); "
           f"per round: fixed cost {paired:.2f} s (median of the differences), "
           f"throughput {b / m:.3f} of the bare loop's")
+    bt, mt = statistics.median(bare_tps), statistics.median(mine_tps)
+    print(f"measured batch (prefill to last token): bare {bt:.1f} tokens/s, harness {mt:.1f} tokens/s, "
+          f"throughput {mt / bt:.3f} of the bare loop's (medians of {args.rounds})")
+
+
+def _batch_tokens_per_s(out: Path) -> float:
+    """The batch's tokens/s as the row of `harness run` records it (one cell, one row)."""
+    import pandas as pd
+
+    rows = pd.concat(pd.read_parquet(f, columns=["batch_tokens_per_s"]) for f in (out / "cells").glob("*.parquet"))
+    return float(rows["batch_tokens_per_s"].iloc[0])
 
 
 if __name__ == "__main__":
