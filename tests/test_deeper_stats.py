@@ -201,8 +201,22 @@ def test_prompt_bound_without_divergence_counts_prompts_not_runs():
     # divergences concentrated in one prompt of ten: the clustered bound is at least the pooled one
     d, n = [10] + [0] * 9, [10] * 10
     assert bounds.prompt_upper95(d, n) >= bounds.upper95(10, 100)
-    assert bounds.prompt_upper95(d, n) == bounds.prompt_upper95(d, n)  # seeded: the same bound each time
+    assert bounds.prompt_upper95(d, n) == bounds.prompt_upper95(d, n)  # no resampling: the same bound each time
     assert math.isnan(bounds.prompt_upper95([3], [10]))  # one prompt cannot speak for others
+
+
+def test_the_prompt_bound_holds_its_level_where_a_bootstrap_did_not():
+    """Seeded simulation: folders of 3, 5 and 10 prompts x 20 runs, half the prompts departing at rate 0.5
+    (a mean rate of 0.25 over prompts). The bound with prompts as the unit must be below the true mean in
+    at most 5 % of folders; the percentile bootstrap used before was below it in 9.75 % at 10 prompts."""
+    rng = np.random.default_rng(1)
+    for prompts in (3, 5, 10):
+        below = 0
+        for _ in range(400):
+            d = rng.binomial(20, np.where(rng.random(prompts) < 0.5, 0.5, 0.0))
+            bound = bounds.prompt_upper95(d, [20] * prompts)
+            below += bool(bound < 0.25)
+        assert below / 400 <= 0.05, (prompts, below)
 
 
 def _quiet(root: Path, prompts: int, repeats: int):

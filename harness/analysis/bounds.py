@@ -1,5 +1,5 @@
-"""Upper bounds on a divergence rate: exact (Clopper-Pearson) for independent runs, and a cluster
-bootstrap over prompts where runs of one prompt are not independent."""
+"""Upper bounds on a divergence rate: exact (Clopper-Pearson) for independent runs, and a test by
+betting over prompts where runs of one prompt are not independent."""
 
 from __future__ import annotations
 
@@ -42,19 +42,22 @@ def upper95(diverged: int, runs: int) -> float | None:
     return hi
 
 
-#: resamples of the prompt-clustered bound (seeded: the same rows give the same bound)
+#: resamples of a paired cluster bootstrap (seeded: the same rows give the same figure); used for a
+#: one-sided p only (guarantees.excess_by_prompt), never for a bound
 CLUSTER_DRAWS = 2000
 
 
-def prompt_upper95(diverged: Sequence[int], compared: Sequence[int], seed: int = 0) -> float:
+def prompt_upper95(diverged: Sequence[int], compared: Sequence[int]) -> float:
     """A one-sided 95 % upper bound on a setting's divergence rate with prompts, not runs, as the
     independent unit (runs of one prompt share its text and its near ties: they are not
-    independent evidence). Arrays hold one entry per prompt.
+    independent evidence): the mean over prompts of each prompt's rate. Arrays hold one entry per prompt.
 
-    No divergence: 1 - 0.05 ** (1 / prompts), the exact bound as if each prompt were one trial.
-    Divergences over two or more prompts: the 95th percentile of the pooled rate over prompts
-    resampled with replacement (a cluster bootstrap), and never below the pooled bound
-    (`upper95` over all runs), which accounts for the binomial noise inside each prompt.
+    No divergence: 1 - 0.05 ** (1 / prompts), the exact bound as if each prompt were one trial (a
+    prompt of rate r shows no divergence with chance at most 1 - r). Divergences over two or more
+    prompts: a test by betting on the prompts' observed rates, each in [0, 1] (bounded_mean_upper),
+    valid at every prompt count, and never below the pooled bound (`upper95` over all runs), which
+    accounts for the binomial noise inside each prompt. A percentile bootstrap over prompts, used
+    before, held 90 % where 95 % was promised at 10 prompts (tests/test_deeper_stats.py).
     Divergences in a single prompt: NaN, since one prompt cannot speak for others.
     """
     d = np.asarray(diverged, dtype=float)
@@ -68,9 +71,7 @@ def prompt_upper95(diverged: Sequence[int], compared: Sequence[int], seed: int =
         return 1.0 - 0.05 ** (1.0 / len(n))
     if len(n) < 2:
         return float("nan")
-    pick = np.random.default_rng(seed).integers(0, len(n), size=(CLUSTER_DRAWS, len(n)))
-    rates = d[pick].sum(axis=1) / n[pick].sum(axis=1)
-    return float(max(np.percentile(rates, 95), upper95(total, int(n.sum())) or 0.0))
+    return float(max(bounded_mean_upper(d / n, 0.0, 1.0), upper95(total, int(n.sum())) or 0.0))
 
 
 #: the bets a prompt-level bound mixes (harness.analysis.bounds.bounded_mean_upper): fractions of the
@@ -107,6 +108,8 @@ def bounded_mean_upper(values: Sequence[float], low: float, high: float, alpha: 
         return float(top + math.log(np.exp(logs - top).sum())) if np.isfinite(top) else -math.inf
 
     lo, hi = float(y.mean()), 1.0
+    if lo >= 1.0:  # every draw at the top: nothing above it to bet on
+        return float(high)
     if log_capital(lo) >= threshold:  # cannot happen for a mean at the data's own mean; kept for safety
         return float(low + (high - low) * lo)
     for _ in range(36):  # to 1e-11 of the range
