@@ -131,7 +131,7 @@ def test_locate_names_the_first_op_that_differs_only_where_the_rebuilt_pass_is_t
 @pytest.mark.engine
 def test_compare_names_the_first_op_whose_digest_differs_between_two_kernel_paths(traced):
     folder, _ = traced
-    from harness.run.locate import read_steps
+    from harness.run.locate import read_ops, read_steps
 
     done = run_harness("compare", str(folder), str(folder), "--a-where", "environment=plain", "--b-where",
                        "environment=avx2", "--ignore", "environment")
@@ -140,6 +140,13 @@ def test_compare_names_the_first_op_whose_digest_differs_between_two_kernel_path
         said = " ".join(done.stdout.split())
         assert "where the traced forward passes part" in said
         assert "first differs between the folders at" in said or "every op's output bitwise equal" in said
+        # one level further down, where both environments traced the ops inside the same module
+        ops = read_ops(folder)
+        inner = ops[ops["level"] == "op"].merge(pd.concat(pd.read_parquet(f, columns=["cell_id", "environment"])
+                                                          for f in (folder / "cells").glob("*.parquet")))
+        shared = [m for m, envs in inner.groupby("inside")["environment"].agg(set).items() if envs == {"plain", "avx2"}]
+        for module in shared:
+            assert f"inside {module}:" in said
 
 
 @pytest.mark.engine

@@ -317,14 +317,15 @@ def read_ops(root: Path) -> pd.DataFrame:
 def across(a: Results, b: Results, ignore: tuple[str, ...]) -> list[str]:
     """Between two folders (two machines, two environments): for each traced step whose setting (but
     the `ignore`d axes), prompt and step are in both, the first op whose output digest differs, on the
-    run's pass and on its reference's: no activation needs to travel between the machines."""
+    run's pass and on its reference's: no activation needs to travel between the machines. Where both
+    folders traced one level further down inside the same module (the op level), the first op there too."""
     from harness.results.columns import KEY_COLUMNS
 
     keys = [k for k in KEY_COLUMNS if k not in ignore]
     sides = []
     for results in (a, b):
         ops = read_ops(results.root)
-        ops = ops[ops["cell_id"].isin(set(results.cell_ids)) & (ops["level"] == "module")]
+        ops = ops[ops["cell_id"].isin(set(results.cell_ids))]
         settings = results.read_rows(columns=["cell_id"] + keys).drop_duplicates("cell_id").astype(str)
         labels = read_steps(results.root)[["cell_id", "step", "setting"]].drop_duplicates(["cell_id", "step"])
         sides.append(ops.merge(settings, on="cell_id").merge(labels, on=["cell_id", "step"], how="left"))
@@ -340,9 +341,16 @@ def across(a: Results, b: Results, ignore: tuple[str, ...]) -> list[str]:
             continue
         setting = str(ops_a["setting"].iloc[0])  # as folder A's own `locate` names it
         for side, who in (("b", "the run"), ("a", "its reference")):
-            first, second = ops_a.sort_values("order"), match.sort_values("order")
-            lines.append(f"{setting or 'every setting'} / {key[len(keys)]} {key[-2]} (step {key[-1]}), {who}'s pass: "
-                         + _first_digest_apart(first, second, f"digest_{side}"))
+            head = f"{setting or 'every setting'} / {key[len(keys)]} {key[-2]} (step {key[-1]}), {who}'s pass"
+            modules_a, modules_b = (f[f["level"] == "module"].sort_values("order") for f in (ops_a, match))
+            if modules_a.empty or modules_b.empty:
+                continue
+            lines.append(f"{head}: " + _first_digest_apart(modules_a, modules_b, f"digest_{side}"))
+            inner_a, inner_b = (f[f["level"] == "op"].sort_values("order") for f in (ops_a, match))
+            inside = set(inner_a["inside"].dropna()) & set(inner_b["inside"].dropna())
+            for module in sorted(inside):
+                lines.append(f"{head} inside {module}: " + _first_digest_apart(
+                    inner_a[inner_a["inside"] == module], inner_b[inner_b["inside"] == module], f"digest_{side}"))
     return lines
 
 
