@@ -203,3 +203,24 @@ def test_summarize_and_the_report_show_what_locate_found(traced, tmp_path):
                                                                            kind="stable")["finding"].tolist()
     if steps.empty:
         assert "no stored traces" in table.stdout
+
+
+@pytest.mark.engine
+def test_plot_draws_how_a_traced_difference_grows_module_by_module(traced, tmp_path):
+    """`harness plot` writes located.csv (each traced step's modules, in pass order, with their largest
+    difference from the reference's pass) and draws it where any module differs."""
+    folder, _ = traced
+    from harness.run.locate import read_ops
+
+    done = run_harness("plot", str(folder), "-o", str(tmp_path / "plots"), "-f", "png", "-f", "csv")
+    assert done.returncode == 0, done.stdout + done.stderr
+    modules = read_ops(folder)
+    modules = modules[modules["level"] == "module"]
+    if modules.empty:
+        assert "located: no data" in " ".join(done.stdout.split())
+        return
+    drawn = pd.read_csv(tmp_path / "plots" / "located.csv")
+    assert len(drawn) == len(modules) and drawn["setting"].notna().all()
+    for _, part in drawn.groupby(["setting", "prompt_id", "step_kind", "step"]):
+        assert part["order"].is_monotonic_increasing
+    assert (tmp_path / "plots" / "located.png").is_file() is bool((modules["max_abs_diff"] > 0).any())

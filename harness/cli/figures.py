@@ -70,14 +70,19 @@ def plot(
     bootstrap interval, where prompts carry answers), splits (where the outputs of a setting and
     prompt part: the runs taking each branch, labelled with its token), survival (the share of runs
     still identical to the reference after t tokens, Kaplan-Meier with a 95% band), flips_by_margin
-    (the chance per step that a run departs, by the reference's top-2 margin there).
+    (the chance per step that a run departs, by the reference's top-2 margin there), located (where
+    `harness locate` traced a pass: each module's largest difference from the reference's pass, in
+    the order the pass runs them).
     """
     from harness.report import charts
     from harness.report import plot as plotting
+    from harness.run.locate import located_by_module
 
     for f in fmt:
         allowed("--format", f, tuple(plotting.FORMATS))
-    data = charts.of_analysis(open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie))
+    analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie)
+    data = charts.of_analysis(analysis)
+    data.located = located_by_module(analysis.results)
     written, left_out = plotting.write(data, out or results / "plots", tuple(fmt))
     screen = console()
     for path in written:

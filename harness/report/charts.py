@@ -39,6 +39,9 @@ class Charts:
     survival: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: harness.analysis.near_ties per margin bucket: series, batch_size, bucket, margin_low, margin_high, steps, flips, flip_rate
     flips_by_margin: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: per traced step, each module's largest difference from the reference run's pass, in pass order
+    #: (harness.run.locate.located_by_module; filled by the command that reads the traces)
+    located: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def series_labels(frame: pd.DataFrame, varying: list[str]) -> pd.Series:

@@ -155,14 +155,32 @@ def splits(ch: Charts):
 
 
 #: chart name (also the Charts field it draws) -> drawing function
+def located(ch: Charts):
+    """How a traced pass's difference from its reference grows, module by module (harness locate)."""
+    plt, (fig, ax) = _figure(8)
+    for (setting, prompt, kind, step), part in ch.located.groupby(["setting", "prompt_id", "step_kind", "step"],
+                                                                  sort=False):
+        values = part["max_abs_diff"].astype(float)
+        ax.plot(part["order"], values.where(values > 0), marker=".", lw=1, label=f"{setting} / {prompt} {kind} {step}")
+    ax.set_yscale("log")
+    ax.set_xlabel("module, in the order the forward pass runs them (gaps: bitwise equal)")
+    ax.set_ylabel("largest |difference| from the reference's pass")
+    ax.set_title("Where traced passes differ, module by module")
+    ax.legend(fontsize="small")
+    return plt, fig
+
+
 CHARTS = {"identical": identical, "divergence": divergence, "margins": margins, "slowdown": slowdown,
-          "answers": answers, "splits": splits, "survival": survival, "flips_by_margin": flips_by_margin}
+          "answers": answers, "splits": splits, "survival": survival, "flips_by_margin": flips_by_margin,
+          "located": located}
 
 
 def _plottable(ch: Charts, name: str):
     data = getattr(ch, name)
     if name == "margins":
         return data.dropna(subset=["margin_run", "margin_reference"])
+    if name == "located" and not data.empty:
+        return data[data["max_abs_diff"] > 0]  # passes bitwise equal throughout draw nothing on a log scale
     if name == "flips_by_margin" and not data.empty:
         return data[data["flips"] > 0]  # a chart of zeros says nothing: the CSV still has the steps
     return data.dropna(subset=["accuracy"]) if name == "answers" and not data.empty else data

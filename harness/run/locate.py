@@ -309,6 +309,22 @@ def located_steps(results: Results) -> pd.DataFrame:
     return steps.sort_values(["setting", "prompt_id", "step"], kind="stable").reset_index(drop=True)
 
 
+#: the columns of located_by_module
+BY_MODULE = ["setting", "prompt_id", "step_kind", "step", "order", "name", "layer", "max_abs_diff"]
+
+
+def located_by_module(results: Results) -> pd.DataFrame:
+    """Per traced step of the cells read, each module's largest difference from the reference run's pass
+    (BY_MODULE), in setting, prompt, step and pass order: how a difference grows layer by layer."""
+    ops = read_ops(results.root)
+    if ops.empty:
+        return pd.DataFrame(columns=BY_MODULE)
+    ops = ops[ops["cell_id"].isin(set(results.cell_ids)) & (ops["level"] == "module")]
+    labels = read_steps(results.root)[["cell_id", "step", "setting"]].drop_duplicates(["cell_id", "step"])
+    out = ops.merge(labels, on=["cell_id", "step"], how="left")
+    return out.sort_values(["setting", "prompt_id", "step", "order"], kind="stable")[BY_MODULE].reset_index(drop=True)
+
+
 def read_ops(root: Path) -> pd.DataFrame:
     """Every traced op of a results folder (OPS_SCHEMA)."""
     return read_side(root, FOLDER, OPS_SCHEMA)
