@@ -169,17 +169,103 @@ def test_a_pass_traced_twice_names_nothing():
         assert np.isclose(np.exp(lp).sum(), 1.0, atol=1e-4)
 
 
+LLAMA_BATCH = ["Write a two-sentence story about a fox.", "hello", "What is 2 + 2?"]  # three prompt lengths
+
+
+@pytest.fixture(scope="module")
+def llama_f16():
+    """The shipped model's weights in F16 on llama.cpp: decoded in a batch, its logits move on these CPUs
+    (a batch of one token per sequence takes another matrix-product kernel than one token alone)."""
+    from harness.engines.base import LoadSpec
+    from harness.engines.registry import engine_class
+
+    spec = LoadSpec("llamacpp", "smollm2-135m", "f16", "cpu", False, {"n_threads": 2})
+    with engine_class("llamacpp")(spec, lambda _: None) as engine:
+        yield engine
+
+
 @needs_llama
-def test_llamacpp_folders_are_refused_with_the_reason_or_have_nothing_to_locate(tmp_path):
-    (tmp_path / "exp.yaml").write_text(
-        "name: q\nprompts: [{id: a, text: hello}]\nfillers: [other, more]\nrepeats: 1\nmax_tokens: 2\n"
-        "matrix: {model: [smollm2-135m], engine: [llamacpp], batch_size: [1, 3]}\n"
-        "engine_options: {llamacpp: {n_threads: 2}}\n")
-    assert run_harness("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")).returncode == 0
+def test_the_llamacpp_tracer_rebuilds_the_runs_step_and_reads_the_targets_own_column(llama_f16):
+    """Every graph tensor by its graph name, on the target's column: the target sits in the middle of a
+    batch of three prompt lengths (llama.cpp cuts their prefill into ubatches of equal shares), and the
+    rebuilt pass's log-probability of each step is bitwise the decode loop's own; alone vs alone names nothing."""
+    from harness.engines.base import Sampling
+
+    sampling = Sampling(0.0, 1.0, 0, 0, 4)
+    run = llama_f16.generate(LLAMA_BATCH, 1, sampling).target
+    for step in (0, 2):
+        recording = trace_diff.Recording()
+        logprobs = llama_f16.trace(LLAMA_BATCH, 1, sampling, run.token_ids, step, recording)
+        assert np.float32(logprobs[run.token_ids[step]]) == np.float32(run.logprobs[step])
+        names = [name for name, *_ in recording.ops]
+        assert {"attn_norm-0", "Qcur-0", "ffn_out-0", "l_out-29", "result_output"} <= set(names)
+        assert names[-1] == "result_output" and recording.ops[-1][3] == llama_f16.n_vocab
+        assert {trace_diff.layer_of(n) for n in names} >= set(range(30))
+        again = trace_diff.Comparing(recording)
+        llama_f16.trace(LLAMA_BATCH, 1, sampling, run.token_ids, step, again)
+        found = trace_diff.finding(again)
+        assert found.first is None and found.parted is None and found.ops == len(names)
+
+
+@needs_llama
+def test_the_llamacpp_tracer_refuses_a_column_read_one_token_off(llama_f16, monkeypatch):
+    """The alignment off by one: were llama.cpp's ubatches read one token shifted, the traced logits would
+    not be the target's, and the pass is refused rather than compared."""
+    from harness.engines.base import Sampling, Unsupported
+    from harness.engines.parts import llamacpp_trace
+
+    cut = llamacpp_trace.ubatches
+    monkeypatch.setattr(llamacpp_trace, "ubatches", lambda *a: [share[1:] + share[:1] for share in cut(*a)])
+    sampling = Sampling(0.0, 1.0, 0, 0, 3)
+    forced = llama_f16.generate(LLAMA_BATCH, 1, sampling).target.token_ids
+    for step in (0, 1):
+        with pytest.raises(Unsupported, match="misread"):
+            llama_f16.trace(LLAMA_BATCH, 1, sampling, forced, step, trace_diff.Recording())
+
+
+def test_llamacpps_ubatches_are_cut_as_llama_cpp_cuts_them():
+    """split_simple (one stream: batch order, n_ubatch at a time) and split_equal (a stream per sequence:
+    equal shares of consecutive sequences, grouped by sequence)."""
+    from harness.engines.parts.llamacpp_trace import ubatches
+
+    prefill = [(0, p, s, p == n - 1) for s, n in enumerate([3, 5, 2]) for p in range(n)]
+    assert ubatches(prefill, 4, False) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert ubatches(prefill, 512, True) == [[0, 1, 3, 4, 8, 9], [2, 5], [6, 7]]
+    decode = [(0, 9, s, True) for s in (0, 2, 3)]  # sequence 1 ended: 0 and 2 are not consecutive
+    assert ubatches(decode, 512, True) == [[0], [1, 2]]
+
+
+LLAMA_FOLDER = ("name: q\nprompts: [{{id: a, text: hello}}, {{id: b, text: 'Write a two-sentence story about a fox.'}}]\n"
+                "fillers: [other, more]\nrepeats: 1\nmax_tokens: 4\n"
+                "matrix: {{model: [smollm2-135m], engine: [llamacpp], dtype: [{dtype}], batch_size: [1, 3]}}\n"
+                "engine_options: {{llamacpp: {{n_threads: 2}}}}\n")
+
+
+@needs_llama
+@pytest.mark.parametrize("dtype", ["auto", "f16"])
+def test_locate_on_llamacpp_folders_names_a_graph_tensor_only_where_the_rebuilt_step_is_the_runs(tmp_path, dtype):
+    """The shipped Q4_1 model (auto) decodes bitwise in a batch on AVX2 CPUs: nothing to locate there; its
+    F16 weights move. Wherever a setting moved (either, on any CPU), each traced step was rebuilt bitwise
+    and names a graph tensor or says that no op differs (a prefill can agree where a later step does not)."""
+    from harness.run.locate import read_ops, read_steps
+
+    (tmp_path / "exp.yaml").write_text(LLAMA_FOLDER.format(dtype=dtype))
+    ran = run_harness("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"))
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     done = run_harness("locate", str(tmp_path / "out"))
     said = " ".join(done.stdout.split())
-    assert done.returncode == 0 and "first differs" not in said
-    assert "nothing to locate" in said or "not located" in said and "transformers does" in said
+    assert done.returncode == 0 and "not located" not in said, said
+    steps = read_steps(tmp_path / "out")
+    if steps.empty:
+        assert "nothing to locate" in said
+        return
+    assert steps["rebuilt"].all(), steps["rebuilt_detail"].tolist()
+    ops = read_ops(tmp_path / "out")
+    assert set(ops["level"]) == {"module"} and "embd" in set(ops["name"])  # no level below a graph tensor
+    for step in steps.itertuples():
+        assert step.first_name is None or trace_diff.layer_of(step.first_name) is not None \
+            or step.first_name.startswith("result") or step.first_name == "embd"
+        assert ("first differs at" in step.finding) == (step.first_name is not None)
 
 
 @pytest.mark.engine

@@ -92,11 +92,12 @@ def locate(
     as they ran (the same batch-mates, padding, positions, load and environment), at the prefill and
     at the step where the run split, and every module's output on the run's own elements is compared:
     the first module that differs is named with the one before it that agreed, then every torch function
-    inside the module that holds it (where the two passes call different kernels, both are named). A rebuilt
-    pass whose log-probability is not bitwise the row's names nothing: "could not rebuild this step".
-    Traces land in RESULTS/located/ (per op, with digests for `harness compare` across machines) and
-    RESULTS/located_steps/ (per step). Engines: transformers (padded batching); the others refuse with
-    the reason.
+    inside the module that holds it (where the two passes call different kernels, both are named). On
+    llama.cpp every tensor of the compute graph is compared, by its graph name (attn_norm-0, Qcur-0,
+    ffn_out-0, result_output), on the run's own token column. A rebuilt pass whose log-probability is
+    not bitwise the row's names nothing: "could not rebuild this step". Traces land in RESULTS/located/
+    (per op, with digests for `harness compare` across machines) and RESULTS/located_steps/ (per step).
+    Engines: transformers (padded batching) and llamacpp; the others refuse with the reason.
     """
     from harness.analysis.divergence import earliest_moved
     from harness.analysis.folder_analysis import Analysis

@@ -258,7 +258,11 @@ class Engine(ABC):
     #: why `trace` (harness.run.locate: each op's output of one rebuilt forward pass) cannot run on this
     #: engine; None where it can
     trace_unavailable: ClassVar[str | None] = ("tracing each operation's output needs the model's modules or "
-                                               "compute graph in this process (transformers does)")
+                                               "compute graph in this process (transformers and llamacpp do)")
+
+    #: whether `trace` goes one level further down, `inside` a module (transformers: the torch ops a module
+    #: calls); False where the first trace is every op already (llama.cpp's graph)
+    trace_inside: ClassVar[bool] = False
 
     @classmethod
     def refusal(cls, spec: LoadSpec) -> str | None:

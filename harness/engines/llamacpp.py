@@ -35,6 +35,7 @@ from harness.engines.parts.llamacpp_decode import LlamaDecode
 from harness.engines.parts.llamacpp_doctor import LlamaCppDoctor
 from harness.engines.parts.llamacpp_scoring import LlamaScoring
 from harness.engines.parts.llamacpp_tokens import LlamaTokens
+from harness.engines.parts.llamacpp_trace import LlamaTrace
 from harness.models import catalog as models
 
 
@@ -94,7 +95,7 @@ class LoadLog:
 
 
 
-class LlamaCppEngine(LlamaCppDoctor, LlamaTokens, LlamaScoring, LlamaDecode, Engine):
+class LlamaCppEngine(LlamaCppDoctor, LlamaTokens, LlamaScoring, LlamaTrace, LlamaDecode, Engine):
     name = "llamacpp"
     Options = LlamaCppOptions
     logit_probe_unavailable = None
@@ -187,6 +188,8 @@ class LlamaCppEngine(LlamaCppDoctor, LlamaTokens, LlamaScoring, LlamaDecode, Eng
             except ValueError:
                 self.chat_template_kind = "llama.cpp built-in"
         self._contexts: dict[tuple[int, int], Any] = {}
+        #: llama.cpp's graph-evaluation callback for the contexts made while a tracer (llamacpp_trace) runs
+        self._eval_callback: Any = None
         self._batch = None
         self._batch_cap = 0
 
@@ -196,20 +199,25 @@ class LlamaCppEngine(LlamaCppDoctor, LlamaTokens, LlamaScoring, LlamaDecode, Eng
         ctx = self._contexts.get(key)
         if ctx is not None:
             return ctx
-        for old in self._contexts.values():  # one live context at a time keeps memory flat
-            self._ll.llama_free(old)
-        self._contexts.clear()
+        self._drop_contexts()  # one live context at a time keeps memory flat
         ll = self._ll
         params = ll.llama_context_default_params()
         params.n_ctx = n_seq * per_seq
         params.n_seq_max = n_seq
         self._set_params(params, max(self.prefill_step, n_seq))
+        if self._eval_callback is not None:
+            params.cb_eval = self._eval_callback
         ctx = ll.llama_init_from_model(self._model, params)
         if not ctx:
             self._refuse_kv()
             raise RuntimeError(f"llama.cpp could not create a context for {n_seq} sequences x {per_seq} tokens")
         self._contexts[key] = ctx
         return ctx
+
+    def _drop_contexts(self) -> None:
+        for ctx in self._contexts.values():
+            self._ll.llama_free(ctx)
+        self._contexts.clear()
 
     def _set_params(self, params: Any, n_batch: int) -> None:
         """Context parameters from the options and the prefill_chunk / kv_cache_dtype axes."""
@@ -262,9 +270,7 @@ class LlamaCppEngine(LlamaCppDoctor, LlamaTokens, LlamaScoring, LlamaDecode, Eng
         if self._probe_ctx is not None:
             ll.llama_free(self._probe_ctx)
             self._probe_ctx = None
-        for ctx in self._contexts.values():
-            ll.llama_free(ctx)
-        self._contexts.clear()
+        self._drop_contexts()
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None

@@ -7,11 +7,12 @@ and position read from the row), its load and environment, the tokens it had fed
 are traced: the prefill, and the step where the run split (the first token that differs, or the
 first log-probability that does). Each pass records every module's output on the target's own
 elements (Engine.trace); the two passes are compared op by op (harness.run.trace_diff), and the first
-module whose output differs is named, with the one before it that agreed. A second round goes one
-level down, into the module holding that one (its parent: the first module that differs may only
-receive what an un-hooked function computed), and compares every torch op it runs; where the two
-passes call different ops (an attention kernel with a padding mask in the batch, without one alone)
-the place is named on both sides.
+module (llama.cpp: graph tensor) whose output differs is named, with the one before it that agreed.
+Where the engine has a level below its modules (transformers), a second round goes one level down,
+into the module holding that one (its parent: the first module that differs may only receive what
+an un-hooked function computed), and compares every torch op it runs; where the two passes call
+different ops (an attention kernel with a padding mask in the batch, without one alone) the place is
+named on both sides.
 
 Truth first: each rebuilt pass's log-probability of the token the run took at that step must be
 bitwise the row's; where it is not, the step was not rebuilt as it ran, and the finding says "could
@@ -64,6 +65,8 @@ STEPS_SCHEMA = pa.schema(_RUN + [
     ("op_parted", pa.string()), ("logits_max_abs_diff", pa.float64()), ("layer0_max_abs_diff", pa.float64()),
     ("finding", pa.string()), ("locator", pa.string()), ("locator_id", pa.string())])
 TRACE_TIMEOUT_S = 1800
+#: the names of the logits' op where it is not a module called lm_head (llama.cpp's graph: result_output)
+LOGITS_NAMES = ("output", "result_output")
 
 
 def _label(cell: Any, keys: list[str]) -> str:
@@ -81,6 +84,8 @@ class _Side:
         self.batch = run_batch(loaded, row, None)
         self.sampling = cell.sampling(max(exp.max_tokens, len(tokens)), exp.unseeded_fillers, exp.batch_fill == "copies")
         self.environment = str(cell["environment"]) if "environment" in cell.as_dict else environments.CURRENT_ENVIRONMENT
+        #: whether its engine traces one level further down, inside a module (llama.cpp's graph is all ops already)
+        self.goes_inside = engine_class(cell.load_spec().engine).trace_inside
 
     def request(self, key: str, step: int, inside: str | None = None) -> dict[str, Any]:
         return {"key": key, "texts": [p.text for p in self.batch.prompts], "target": self.batch.target_position,
@@ -195,7 +200,7 @@ def locate(results: Results, moved: pd.DataFrame, keys: list[str], steps: tuple[
                     inside = None
                     if level == "op":
                         found = found_at[(index, kind)]
-                        if found["first"] is None:
+                        if found["first"] is None or not all(s.goes_inside for s in (reference, run)):
                             continue
                         inside = _parent(found["first"]["name"])
                     for side_name, side in (("a", reference), ("b", run)):
@@ -208,7 +213,7 @@ def locate(results: Results, moved: pd.DataFrame, keys: list[str], steps: tuple[
                 for kind, step in wanted:
                     if level == "module":
                         found_at[(index, kind)] = _compare_module(out, index, kind, step, reference, run)
-                    elif found_at[(index, kind)]["first"] is not None:
+                    elif found_at[(index, kind)]["first"] is not None and reference.goes_inside and run.goes_inside:
                         found_at[(index, kind)]["op"] = _compare_ops(out, index, kind, found_at[(index, kind)])
         by_cell: dict[str, tuple[list[dict], list[dict]]] = {}
         for index, (target, reference, run, wanted) in enumerate(chosen):
@@ -276,7 +281,7 @@ def _compare_ops(out: Path, index: int, kind: str, found: dict[str, Any]) -> dic
 def _step_record(found: dict[str, Any], setting: str) -> dict[str, Any]:
     """One traced step's record (STEPS_SCHEMA's finding columns)."""
     rows = found.get("rows") or []
-    logits = [r["max_abs_diff"] for r in rows if r["name"].endswith("lm_head") or r["name"] == "output"]
+    logits = [r["max_abs_diff"] for r in rows if r["name"].endswith("lm_head") or r["name"] in LOGITS_NAMES]
     layer0 = [r["max_abs_diff"] for r in rows if r["layer"] == 0]
     first, before, parted, op = found["first"], found["before"], found["parted"], found.get("op") or {}
     if not found["rebuilt"]:

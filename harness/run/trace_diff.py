@@ -31,13 +31,14 @@ import numpy as np
 
 COLUMNS = ["order", "name", "layer", "op", "elements", "differ_share", "max_abs_diff", "max_rel_diff",
            "digest_a", "digest_b", "absmax_a", "absmax_b", "mean_a", "mean_b"]
-_LAYER = re.compile(r"(?:^|[._])(?:layers|layer|blk|h|block|blocks)[._](\d+)(?:[._]|$)")
+_LAYER = re.compile(r"(?:^|[._])(?:layers|layer|blk|h|block|blocks)[._](\d+)(?:[._]|$)|^[A-Za-z_]+-(\d+)$")
 
 
 def layer_of(name: str) -> int | None:
-    """The layer index a module or tensor name carries ('model.layers.3.mlp' -> 3, 'blk.3.attn_q' -> 3)."""
+    """The layer index a module or tensor name carries ('model.layers.3.mlp' -> 3, 'blk.3.attn_q' -> 3, llama.cpp's
+    graph names 'Qcur-3' -> 3)."""
     found = _LAYER.search(name)
-    return int(found.group(1)) if found else None
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 def as_float32(values: Any) -> np.ndarray:

@@ -109,6 +109,7 @@ class HfTrace:
     """`trace` for an engine that also holds HfPadded's `_padded_inputs`, `_next_feed`, `_picks`."""
 
     trace_unavailable: str | None = None
+    trace_inside = True
 
     def trace(self, prompts: list[str], target: int, sampling: Sampling, forced: list[int], step: int,
               record: Record, inside: str | None = None) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,6 +34,9 @@ def _step_stats(logits: np.ndarray, token: int, scratch: np.ndarray) -> tuple[fl
 
 class LlamaDecode:
     """warm_up and generate, for an engine that holds `_ll`, its contexts and batch."""
+
+    #: called with (context, tokens) before each llama_decode of generate: a tracer's (llamacpp_trace)
+    _decode_watch: Callable[[Any, list[tuple[int, int, int, bool]]], None] | None = None
 
     def _ensure_batch(self, size: int) -> Any:
         if size > self._batch_cap:
@@ -165,6 +168,8 @@ class LlamaDecode:
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = want
             batch.n_tokens = len(entries)
+            if self._decode_watch is not None:
+                self._decode_watch(ctx, entries)
             rc = ll.llama_decode(ctx, batch)
             if rc != 0:
                 raise RuntimeError(f"llama_decode returned {rc}")
