@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -289,6 +292,16 @@ def test_summarize_and_the_report_show_what_locate_found(traced, tmp_path):
                                                                            kind="stable")["finding"].tolist()
     if steps.empty:
         assert "no stored traces" in table.stdout
+    layers = payload["charts"]["located_layers"]
+    assert {r["trace"].split(" / ")[0] for r in layers} == set(steps["setting"])
+    assert all(r["layer"] >= -1 and r["max_abs_diff"] >= 0 for r in layers)
+    if shutil.which("node"):  # the page's own script, under a stand-in DOM: it draws the chart, no NaN
+        drawn = subprocess.run(["node", str(Path(__file__).with_name("report_dom_stub.js")), str(page)],
+                               capture_output=True, text=True)
+        assert drawn.returncode == 0, drawn.stderr[-2000:]
+        charts = {c["title"]: c["marks"] for c in json.loads(drawn.stdout)}
+        assert "Why runs split: the difference layer by layer" in charts, drawn.stdout
+        assert charts["Why runs split: the difference layer by layer"] > (len(steps) and 5)
 
 
 @pytest.mark.engine

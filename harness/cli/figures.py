@@ -41,12 +41,12 @@ def report(
     """
     from harness.analysis.partitions import REPORT_PART_ROWS
     from harness.report import html
-    from harness.run.locate import located_steps
+    from harness.run.locate import located_by_module, located_steps
 
     target = out or results / "report.html"
     analysis = open_analysis(results, reference, allow_mixed, all_cells, reference_run, near_tie, confident,
                              part_rows=REPORT_PART_ROWS)
-    payload = html.write(analysis, target, located_steps(analysis.results))
+    payload = html.write(analysis, target, located_steps(analysis.results), located_by_module(analysis.results))
     console().print(html.summary_line(payload, target))
 
 

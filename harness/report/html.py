@@ -281,9 +281,28 @@ def _joined_entries(found: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] 
     return _entries(frame, problems, cells.drop_duplicates("cell_id"))
 
 
-def build(analysis: Analysis, located: pd.DataFrame | None = None) -> dict[str, Any]:
+def _located_layers(by_module: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """Each traced step's largest difference from its reference's pass per layer, and at the logits
+    (layer -1: the op that is the logits, harness.run.locate.LOGITS_NAMES or lm_head): how a difference
+    grows through the model, a few points per step however many ops were traced."""
+    if by_module is None or by_module.empty:
+        return []
+    frame = by_module.copy()
+    logits = frame["name"].astype(str).str.endswith("lm_head") | frame["name"].isin(["output", "result_output"])
+    frame["layer"] = frame["layer"].where(~logits, -1)
+    frame = frame.dropna(subset=["layer"])
+    frame["trace"] = (frame["setting"].astype(str) + " / " + frame["prompt_id"].astype(str) + ", "
+                      + frame["step_kind"].astype(str) + " (step " + frame["step"].astype(str) + ")")
+    grown = frame.groupby(["trace", "layer"], sort=False)["max_abs_diff"].max().reset_index()
+    return [{"trace": r.trace, "layer": int(r.layer), "max_abs_diff": float(r.max_abs_diff)}
+            for r in grown.itertuples(index=False)]
+
+
+def build(analysis: Analysis, located: pd.DataFrame | None = None,
+          located_by_module: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything the page shows, as plain data, from the folder's parts (one, unless the analysis
-    reads a campaign part by part)."""
+    reads a campaign part by part). `located` and `located_by_module`: what `harness locate` stored
+    (harness.run.locate.located_steps and located_by_module), handed in: the report reads no trace."""
     store = analysis.results
     parts = analysis.per_part(report_part)
     chart = charts_mod.joined([p["charts"] for p in parts], analysis)
@@ -312,7 +331,6 @@ def build(analysis: Analysis, located: pd.DataFrame | None = None) -> dict[str, 
         },
         "filters": varying(cells, keys_of(cells)) or ["engine"],
         "guarantees": _guarantees(analysis),
-        # what `harness locate` found (harness.run.locate.located_steps), passed in: the report reads no trace
         "located": [{"setting": r["setting"], "prompt": r["prompt_id"], "repeat": int(r["repeat"]),
                      "step_kind": r["step_kind"], "step": int(r["step"]), "finding": r["finding"]}
                     for r in (located.to_dict("records") if located is not None else [])],
@@ -330,6 +348,7 @@ def build(analysis: Analysis, located: pd.DataFrame | None = None) -> dict[str, 
             "splits": _split_records(chart.splits),
             "survival": _records(chart.survival),
             "flips_by_margin": _records(chart.flips_by_margin),
+            "located_layers": _located_layers(located_by_module),
         },
     }
 
@@ -351,9 +370,10 @@ def render(payload: dict[str, Any]) -> str:
     )
 
 
-def write(analysis: Analysis, out: Path, located: pd.DataFrame | None = None) -> dict[str, Any]:
+def write(analysis: Analysis, out: Path, located: pd.DataFrame | None = None,
+          located_by_module: pd.DataFrame | None = None) -> dict[str, Any]:
     """Build and write the report atomically; returns the payload (for the CLI's summary line)."""
-    payload = build(analysis, located)
+    payload = build(analysis, located, located_by_module)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

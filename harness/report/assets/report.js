@@ -233,6 +233,33 @@
     legend(s, names, base + 34);
     return chartBox(title, `Share of runs still identical to the reference (${DATA.meta.reference}) after t tokens: Kaplan-Meier, a run that stays identical counted until its output ends; shaded: pointwise 95% band.`, s);
   }
+  // How a traced difference grows through the model: per traced step (harness locate), the largest
+  // difference from the reference run's pass at each layer and at the logits, on a log scale.
+  function locatedChart(recs) {
+    const title = "Why runs split: the difference layer by layer";
+    if (!recs || !recs.length) return chartBox(title, null, el("p", { class: "empty", text: "No traced step (run harness locate, then the report again)." }));
+    const traces = [...new Set(recs.map((r) => r.trace))];
+    const layers = Math.max(0, ...recs.map((r) => r.layer)) + 1;  // the logits (-1) drawn after the last layer
+    const at = (r) => (r.layer < 0 ? layers : r.layer);
+    const positive = recs.map((r) => r.max_abs_diff).filter((v) => v > 0);
+    const hi = Math.log10(Math.max(...positive, 1e-12)), lo = Math.log10(Math.min(...positive, 1)) - 1;
+    const left = 56, right = 660, top = 10, base = 190;
+    const X = (i) => left + ((right - left) * i) / Math.max(1, layers), Y = (v) => base - ((base - top) * ((v > 0 ? Math.log10(v) : lo) - lo)) / Math.max(1e-9, hi - lo);
+    const s = svg("svg", { viewBox: `0 0 680 ${base + 40 + Math.ceil(traces.length / 2) * 16}`, role: "img", "aria-label": "difference by layer" });
+    s.append(svg("line", { x1: left, x2: right, y1: base, y2: base, stroke: "#888" }), svg("line", { x1: left, x2: left, y1: top, y2: base, stroke: "#888" }));
+    for (let e = Math.ceil(lo); e <= Math.floor(hi); e++) s.append(svg("text", { x: left - 4, y: Y(Math.pow(10, e)) + 4, "text-anchor": "end" }, `1e${e}`));
+    s.append(svg("text", { x: left - 4, y: base + 4, "text-anchor": "end" }, "0"));
+    axisTicks(s, left, X(Math.max(1, layers - 1)), base, Math.max(1, layers - 1), (v) => Math.round(v), 6);
+    s.append(svg("text", { x: X(layers), y: base + 15, "text-anchor": "middle" }, "logits"));
+    traces.forEach((name, ti) => {
+      const pts = recs.filter((r) => r.trace === name).sort((a, b) => at(a) - at(b));
+      const colour = PALETTE[ti % PALETTE.length];
+      s.append(svg("path", { d: pts.map((p, i) => `${i ? "L" : "M"}${X(at(p))},${Y(p.max_abs_diff)}`).join(" "), fill: "none", stroke: colour, "stroke-width": 2 },
+        svg("title", {}, `${name}: ${pts.map((p) => `${p.layer < 0 ? "logits" : "layer " + p.layer} ${num(p.max_abs_diff)}`).join("; ")}`)));
+    });
+    legend(s, traces, base + 34);
+    return chartBox(title, "Per traced step (harness locate): the largest |difference| from the reference run's pass among each layer's ops, and at the logits; log scale, 0 drawn at the bottom. Where the lines leave the bottom is where the passes first differ.", s);
+  }
   // The chance per step that a run departs, by how close its reference's call was there (harness/near_ties.py).
   function flipChart(recs) {
     const title = "Where runs split, by how close the call was";
@@ -298,7 +325,7 @@
   }
   function charts() {
     const c = DATA.charts;
-    document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), survivalChart(c.survival), flipChart(c.flips_by_margin), slowdownChart(c.slowdown));
+    document.getElementById("chart-grid").append(identicalChart(c.identical), histogram(c.divergence), marginChart(c.margins), survivalChart(c.survival), flipChart(c.flips_by_margin), slowdownChart(c.slowdown), locatedChart(c.located_layers));
     probeTable(c.probes);
     answerTable(c.answers);
     splitTable(c.splits);
