@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,6 +159,48 @@ def test_replay_forces_recorded_tokens_through_vllms_decode_path(vllm_rows):
         row = by_run.loc[(r["cell_id"], r["prompt_id"], r["repeat"])]
         assert r["steps"] == row.n_tokens and r["would_split_steps"] == 0, r
         assert r["max_abs_delta"] == 0.0 if r["batch_size"] == 1 else r["max_abs_delta"] < 1e-3, r
+
+
+def test_the_vllm_tracer_reads_the_targets_rows_in_vllms_own_worker():
+    """Forward hooks in vLLM's model worker (collective_rpc), the target in the middle of a batch of three
+    prompt lengths: each module's output on its own rows, every layer named (the rotary embedding, one
+    module shared by all layers, under the layer that called it), the rebuilt log-probability bitwise the
+    run's, the same pass twice equal op for op, and a pass read one request off refused by the row check."""
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_trace_probe.py"))],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.split("TRACE-PROBE ", 1)[1])
+    for step in said["steps"]:
+        assert step["rebuilt"] == step["row"], step
+        names = step["names"]
+        assert names[-1] == "logits_processor" and step["sizes"][-1] == said["n_vocab"]
+        assert {"model.layers.0.self_attn.qkv_proj", "model.layers.29.mlp.down_proj"} <= set(names)
+        assert "model.layers.7.self_attn.rotary_emb" in names
+        assert step["again_first"] is None and not step["again_parted"] and step["again_ops"] == len(names)
+    assert said["steps"][1]["sizes"][0] == 576  # a decode step: the target's one token
+    assert said["steps"][0]["sizes"][0] > 576  # the prefill: each of its prompt's tokens
+    assert "misread" in said["shifted"], said["shifted"]
+
+
+def test_locate_on_a_vllm_folder_names_a_module_only_where_the_rebuilt_step_is_the_runs(vllm_rows):
+    """Batch 4 against batch 1, not batch-invariant: where a setting moved (a step's log-probability not
+    bitwise; on this CPU it sometimes does, by about 2e-7), each traced step is rebuilt through vLLM's
+    step loop and either names a module, says no module differs, or says it could not rebuild the step
+    (vLLM's scheduler composes each forward pass itself); never a module where the step was not the run's."""
+    from harness.run.locate import read_ops, read_steps
+
+    store, _, _ = vllm_rows
+    done = run_harness("locate", str(store.root), "--where", "batch_invariant=false")
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0, said + done.stderr[-2000:]
+    steps = read_steps(store.root)
+    if steps.empty:
+        assert "nothing to locate" in said or "not located" in said, said
+        return
+    assert (steps["rebuilt"] | steps["finding"].str.startswith("could not rebuild")).all(), steps["finding"].tolist()
+    assert steps.loc[~steps["rebuilt"], "first_name"].isna().all()
+    ops = read_ops(store.root)
+    assert set(ops["level"]) <= {"module"} and ops["name"].str.startswith("model.layers.0.").any()
 
 
 def test_the_forcing_processor_leaves_only_the_next_forced_token_and_spares_other_requests():

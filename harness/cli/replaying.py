@@ -97,7 +97,8 @@ def locate(
     ffn_out-0, result_output), on the run's own token column. A rebuilt pass whose log-probability is
     not bitwise the row's names nothing: "could not rebuild this step". Traces land in RESULTS/located/
     (per op, with digests for `harness compare` across machines) and RESULTS/located_steps/ (per step).
-    Engines: transformers (padded batching) and llamacpp; the others refuse with the reason.
+    Engines: transformers (padded batching), llamacpp and vllm (a load with enforce_eager: true,
+    hooks in vLLM's own model worker); the others refuse with the reason.
     """
     from harness.analysis.divergence import earliest_moved
     from harness.analysis.folder_analysis import Analysis

@@ -25,6 +25,7 @@ from harness.engines.base import (
 )
 from harness.engines.parts.vllm_doctor import VllmDoctor
 from harness.engines.parts.vllm_generate import VllmGenerate
+from harness.engines.parts.vllm_trace import VllmTrace
 from harness.models import catalog as models
 
 _DTYPES = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
@@ -103,7 +104,7 @@ def _worker_facts(worker: Any) -> dict[str, Any]:
 
 
 
-class VllmEngine(VllmDoctor, VllmGenerate, Engine):
+class VllmEngine(VllmDoctor, VllmTrace, VllmGenerate, Engine):
     name = "vllm"
     Options = VllmOptions
     logit_probe_unavailable = None  # partly: the top-k log-probabilities, see probe_scope

@@ -20,14 +20,13 @@ digest without shipping activations (harness.run.locate).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from harness.core.op_recording import Recording, as_float32
 
 COLUMNS = ["order", "name", "layer", "op", "elements", "differ_share", "max_abs_diff", "max_rel_diff",
            "digest_a", "digest_b", "absmax_a", "absmax_b", "mean_a", "mean_b"]
@@ -41,11 +40,6 @@ def layer_of(name: str) -> int | None:
     return int(found.group(1) or found.group(2)) if found else None
 
 
-def as_float32(values: Any) -> np.ndarray:
-    """An op's output as a flat float32 array (bf16 and f16 widen exactly: bitwise equality is kept)."""
-    return np.ascontiguousarray(np.asarray(values, dtype=np.float32)).reshape(-1)
-
-
 def digest(values: np.ndarray) -> str:
     """The digest of an output's float32 bytes (16 hex characters)."""
     return hashlib.blake2b(values.tobytes(), digest_size=8).hexdigest()
@@ -55,46 +49,6 @@ def _summary(values: np.ndarray) -> tuple[str, float, float]:
     finite = values[np.isfinite(values)]
     return (digest(values), float(np.abs(finite).max()) if finite.size else float("nan"),
             float(finite.mean()) if finite.size else float("nan"))
-
-
-class Recording:
-    """One pass's ops: each op's name, kind and output, the outputs in a file (a temporary one, or
-    `path` with its index beside it as JSON, so that another process compares them), never in memory."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.ops: list[tuple[str, str, int, int]] = []  # name, op, offset, elements
-        self.path = path
-        self._file = open(path, "w+b") if path is not None else tempfile.TemporaryFile()
-        self._offset = 0
-
-    def __call__(self, name: str, op: str, values: Any) -> None:
-        flat = as_float32(values)
-        self._file.write(flat.tobytes())
-        self.ops.append((name, op, self._offset, flat.size))
-        self._offset += flat.nbytes
-
-    def values(self, index: int) -> np.ndarray:
-        _, _, offset, size = self.ops[index]
-        self._file.seek(offset)
-        return np.frombuffer(self._file.read(size * 4), dtype=np.float32)
-
-    def save(self) -> None:
-        """Write the index beside the values (PATH.json), for a reader in another process."""
-        self._file.flush()
-        if self.path is not None:
-            Path(f"{self.path}.json").write_text(json.dumps(self.ops))
-
-    @classmethod
-    def load(cls, path: Path) -> Recording:
-        """A recording another process saved."""
-        found = cls.__new__(cls)
-        found.path, found._offset = path, 0
-        found.ops = [tuple(op) for op in json.loads(Path(f"{path}.json").read_text())]
-        found._file = open(path, "rb")
-        return found
-
-    def close(self) -> None:
-        self._file.close()
 
 
 @dataclass

@@ -43,7 +43,11 @@ def main() -> int:
     class Tracer(PlacedEngine):
         unavailable = "trace_unavailable"
 
-    placed = Tracer(job["spec"], job["base"], lambda line: print(line, file=sys.stderr))
+    from harness.engines.registry import engine_class
+
+    # loaded as a replay is: the target is forced its recorded tokens (vLLM: the forcing logits processor)
+    spec = engine_class(job["spec"].engine).replay_spec(job["spec"])
+    placed = Tracer(spec, job["base"], lambda line: print(line, file=sys.stderr))
     if placed.refusal:
         for request in job["passes"]:
             (out / f"{request['key']}.error").write_text(placed.refusal)

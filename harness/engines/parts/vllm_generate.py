@@ -54,34 +54,11 @@ class VllmGenerate:
         picked at each step. The batch-mates decode as usual."""
         from vllm import SamplingParams
 
-        if force is not None and not self.opts.forced_decoding:
-            raise Unsupported("forced decoding needs a load with forced_decoding: true (harness replay sets it)")
         if force is not None and (members or observe is not None):
             raise Unsupported("forced decoding replays the target alone: no members, no logit probe")
         if cache != "off" and not self.spec.prefix_caching:
             raise Unsupported(f"prefix_cache {cache} needs an engine loaded with prefix caching")
-        limit = self.opts.max_num_seqs
-        if limit is not None and len(prompts) > limit:
-            raise Unsupported(f"batch of {len(prompts)} exceeds max_num_seqs={limit}")
-        params = [
-            SamplingParams(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                seed=sampling.seed_for(i, target),
-                max_tokens=sampling.max_tokens,
-                logprobs=self.opts.probe_top_k if observe is not None and i == target else 2,
-                ignore_eos=self.opts.ignore_eos,
-            )
-            for i in range(len(prompts))
-        ]
-        if force is not None:
-            from harness.engines.parts.vllm_force import FORCE_KEY
-
-            # greedy over the forced logits: the i-th step can only emit force[i]; ignore_eos, since a
-            # recorded end-of-sequence token inside an output must not end the replay
-            params[target] = SamplingParams(temperature=0.0, max_tokens=len(force), logprobs=2, ignore_eos=True,
-                                            extra_args={FORCE_KEY: [int(t) for t in force]})
+        params = self._params(prompts, target, sampling, observe, force)
         inputs = [{"prompt_token_ids": self.prompt_tokens(p)} for p in prompts]
         if cache != "off":
             self.llm.reset_prefix_cache()  # nothing of an earlier batch is reused
@@ -131,6 +108,37 @@ class VllmGenerate:
             draft_accepted=accepted,
             detail={"not_measured": unmeasured} if unmeasured else {},
         )
+
+    def _params(self, prompts: list[str], target: int, sampling: Sampling, observe: StepObserver | None,
+                force: list[int] | None) -> list[Any]:
+        """Each request's SamplingParams; the target's forcing its tokens where `force` is given."""
+        from vllm import SamplingParams
+
+        if force is not None and not self.opts.forced_decoding:
+            raise Unsupported("forced decoding needs a load with forced_decoding: true (harness replay sets it)")
+        limit = self.opts.max_num_seqs
+        if limit is not None and len(prompts) > limit:
+            raise Unsupported(f"batch of {len(prompts)} exceeds max_num_seqs={limit}")
+        params = [
+            SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                seed=sampling.seed_for(i, target),
+                max_tokens=sampling.max_tokens,
+                logprobs=self.opts.probe_top_k if observe is not None and i == target else 2,
+                ignore_eos=self.opts.ignore_eos,
+            )
+            for i in range(len(prompts))
+        ]
+        if force is not None:
+            from harness.engines.parts.vllm_force import FORCE_KEY
+
+            # greedy over the forced logits: the i-th step can only emit force[i]; ignore_eos, since a
+            # recorded end-of-sequence token inside an output must not end the replay
+            params[target] = SamplingParams(temperature=0.0, max_tokens=len(force), logprobs=2, ignore_eos=True,
+                                            extra_args={FORCE_KEY: [int(t) for t in force]})
+        return params
 
     def _forced(self, outputs: list[Any], target: int, result: Any, force: list[int], wall: float,
                 inputs: list[dict[str, Any]]) -> BatchOutput:
