@@ -173,6 +173,8 @@ class VllmTrace:
         return exposed
 
     def _untraceable(self) -> str | None:
+        if not hasattr(self.llm, "collective_rpc"):
+            return f"vLLM {self._vllm.__version__} has no LLM.collective_rpc to put hooks in its model worker"
         if not self.opts.enforce_eager:
             return ("a compiled model runs its modules inside one graph, where hooks see nothing: trace a load with "
                     "enforce_eager: true (the run's own, for its pass to be rebuilt bitwise)")
