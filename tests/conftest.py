@@ -26,6 +26,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.engine)
             if not HAS_LLAMA:
                 item.add_marker(skip)
+        group = shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def shared_fixture_group(item: pytest.Item) -> str | None:
+    """The tests run in parallel (pytest-xdist, `--dist loadgroup` in pyproject.toml), each on whichever
+    worker is free, but engine tests that share a module-scoped fixture (a run of a real engine, minutes
+    on 2 cores), and tests that share a session-scoped one, go to one worker, which makes it once. A
+    module fixture of the fast tier is cheap: made on each worker that needs it."""
+    info = getattr(item, "_fixtureinfo", None)
+    engine = item.get_closest_marker("engine") is not None
+    for name in getattr(info, "names_closure", []):
+        for definition in (info.name2fixturedefs.get(name) or ())[-1:]:
+            if definition.scope == "session" and name not in SESSION_BUILTINS:
+                return f"session:{name}"
+            if definition.scope == "module" and engine:
+                return f"module:{item.module.__name__}"
+    return None
+
+
+#: pytest's own session fixtures, which cost nothing to make on every worker
+SESSION_BUILTINS = {"tmp_path_factory", "tmpdir_factory", "worker_id", "testrun_uid", "pytestconfig",
+                    "record_testsuite_property"}
 
 
 @pytest.fixture

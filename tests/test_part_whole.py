@@ -250,9 +250,11 @@ shapes = st.builds(
 )
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# ten generated folders a run, drawn as two tests of five so that two test workers share them
+@pytest.mark.parametrize("draw", ["first five", "second five"])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=shapes, budget=st.integers(1, 40), by_seed=st.booleans(), modal=st.booleans())
-def test_generated_folders_read_alike_part_by_part(tmp_path_factory, shape, budget, by_seed, modal):
+def test_generated_folders_read_alike_part_by_part(tmp_path_factory, draw, shape, budget, by_seed, modal):
     results = build(tmp_path_factory.mktemp("shape") / "results", shape)
     reference = {"seed": 0} if by_seed and len(shape.seeds) > 1 else None
     assert_parts_equal_whole(results, budget, reference, "modal" if modal else "first")
