@@ -2,8 +2,9 @@
 whole-folder read, table by table as the CSV `summarize` writes, on a seeded folder that has what a
 campaign has: several seeds and batch sizes, batch-invariant pairs, failed runs, two engine loads
 per cell, log-probabilities that move, near ties, parsed answers, serving latencies, a missing cell,
-and stale cells read with --all-cells. Parts are made tiny here so that every unit is cut apart
-from the others; the 1M-row check is scripts/bench_scale.py."""
+and stale cells read with --all-cells. Parts are made small here (BUDGET rows: four to seven parts of a
+400-row campaign) so that units land in different parts; test_part_whole.py cuts generated folders into
+parts down to one row each, and the 1M-row check is scripts/bench_scale.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from .conftest import row_for, synthetic_folder
 
 PROMPTS = ["p1", "p2", "p3", "p4"]
 REPEATS = 6
+#: rows per part: each part costs a fixed half second here (it reads every cell file), so a few parts
+#: test the joins as well as twenty do, in a quarter of the time
+BUDGET = 100
 BASE = {p: [100 + 7 * i + j for j in range(12)] for i, p in enumerate(PROMPTS)}
 
 
@@ -104,13 +108,13 @@ def campaign(tmp_path_factory):
 
 
 def test_parts_in_worker_processes_equal_the_whole_folder(campaign):
-    _assert_equal(open_results(campaign.root), budget=30, workers=2)
+    _assert_equal(open_results(campaign.root), budget=BUDGET, workers=2)
 
 
 @pytest.mark.parametrize("options", [{"reference": {"seed": 0}, "reference_run": "modal"},
                                      {"reference": {"batch_size": 2}, "near_tie": 0.02, "confident": 1.0}])
 def test_parts_equal_the_whole_folder_under_other_references(campaign, options):
-    _assert_equal(open_results(campaign.root), budget=30, workers=1, **options)
+    _assert_equal(open_results(campaign.root), budget=BUDGET, workers=1, **options)
 
 
 def test_stale_cells_read_with_all_cells_are_planned_from_their_rows(tmp_path):
@@ -120,7 +124,7 @@ def test_stale_cells_read_with_all_cells_are_planned_from_their_rows(tmp_path):
     _campaign(tmp_path / "results", seeds=(3, 4))  # the new version: other cells, the old ones stale
     results = open_results(first.root, all_cells=True)
     assert len(results.stale) == 17
-    _assert_equal(results, budget=40, workers=1)
+    _assert_equal(results, budget=BUDGET, workers=1)
 
 
 def test_two_cells_of_one_setting_are_refused_part_by_part_too(tmp_path):
@@ -142,15 +146,15 @@ def test_a_folder_within_one_part_is_read_whole(campaign):
 
 
 def test_summarize_and_check_read_a_folder_above_one_part_part_by_part(campaign, monkeypatch):
-    """The commands as a user runs them: with parts of 30 rows, `summarize --format csv` of these
+    """The commands as a user runs them: with parts of BUDGET rows, `summarize --format csv` of these
     tables is the whole-folder CSV, and `check` gives the verdicts a whole-folder read gives."""
     from harness.analysis import partitions
 
     from .conftest import run_harness
 
-    monkeypatch.setattr(partitions, "PART_ROWS", 30)  # the forked command sees it
+    monkeypatch.setattr(partitions, "PART_ROWS", BUDGET)  # the forked command sees it
     whole = Analysis(open_results(campaign.root))  # batch sizes of one seed: one load's kernels, no mixing
-    assert len(partitions.plan(whole.results, whole.reference, 30)) > 2
+    assert len(partitions.plan(whole.results, whole.reference, BUDGET)) > 2
     for name in ("cells", "settings", "flips", "splits"):
         done = run_harness("summarize", str(campaign.root), "--what", name, "--format", "csv")
         assert done.returncode == 0, done.stderr
@@ -171,7 +175,7 @@ def test_the_report_part_by_part_shows_what_a_whole_read_shows(campaign):
     from harness.report import html
 
     results = open_results(campaign.root)
-    parts = streamed(Analysis(results), budget=30, workers=1)
+    parts = streamed(Analysis(results), budget=BUDGET, workers=1)
     assert isinstance(parts, PartitionedAnalysis)
     payloads = [html.build(parts), html.build(Analysis(results))]
     for payload in payloads:
