@@ -31,19 +31,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml): two workers for a selection without engine tests (the fast tier:
+    single-threaded Python and short subprocesses), none for one with them. An engine's threads spin while
+    they wait (llama.cpp's pool, OpenMP's): beside a second worker on 2 cores, the full suite ran slower
+    than one test at a time (docs/development.md)."""
+    return 2 if "not engine" in (config.option.markexpr or "") else 0
+
+
 def shared_fixture_group(item: pytest.Item) -> str | None:
-    """The tests run in parallel (pytest-xdist, `--dist loadgroup` in pyproject.toml), each on whichever
-    worker is free, but engine tests that share a module-scoped fixture (a run of a real engine, minutes
-    on 2 cores), and tests that share a session-scoped one, go to one worker, which makes it once. A
-    module fixture of the fast tier is cheap: made on each worker that needs it."""
+    """Where tests run on several workers (pytest-xdist, `--dist loadgroup` in pyproject.toml), the fast
+    tier's go to whichever worker is free, every engine test to one worker, one after another (an engine's
+    threads beside another's slow both), and tests that share a session-scoped fixture to one worker,
+    which makes it once; a module fixture of the fast tier is cheap to make twice."""
+    if item.get_closest_marker("engine") is not None:
+        return "engine"
     info = getattr(item, "_fixtureinfo", None)
-    engine = item.get_closest_marker("engine") is not None
     for name in getattr(info, "names_closure", []):
         for definition in (info.name2fixturedefs.get(name) or ())[-1:]:
             if definition.scope == "session" and name not in SESSION_BUILTINS:
                 return f"session:{name}"
-            if definition.scope == "module" and engine:
-                return f"module:{item.module.__name__}"
     return None
 
 
