@@ -2,7 +2,8 @@
 
 This file is the load (options, model file, contexts, what ran); its parts are in engines/parts/:
 llamacpp_decode.py (the batch decode loop), llamacpp_tokens.py (chat template and vocabulary),
-llamacpp_scoring.py (prefill scoring) and llamacpp_doctor.py (the build, its needs and crash advice).
+llamacpp_scoring.py (prefill scoring), llamacpp_trace.py (a batch's graph traced tensor by tensor, for
+`harness locate`) and llamacpp_doctor.py (the build, its needs and crash advice).
 """
 
 from __future__ import annotations
