@@ -12,6 +12,15 @@ from typing import Any
 
 import numpy as np
 
+#: the op whose output is the logits, by name, in each engine's trace: a module ending in lm_head
+#: (transformers), llama.cpp's graph tensor result_output, vLLM's logits processor; or a module named output
+LOGITS_NAMES = ("output", "result_output", "logits_processor")
+
+
+def is_logits(name: str) -> bool:
+    """Whether a traced op is the one whose output is the logits (LOGITS_NAMES, or a name ending in lm_head)."""
+    return name in LOGITS_NAMES or name.endswith("lm_head")
+
 
 def as_float32(values: Any) -> np.ndarray:
     """An op's output as a flat float32 array (bf16 and f16 widen exactly: bitwise equality is kept)."""

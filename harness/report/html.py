@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from harness.analysis.folder_analysis import Analysis
+from harness.core.op_recording import is_logits
 from harness.experiment.axes import AXES
 from harness.experiment.varying import varying
 from harness.report import charts as charts_mod
@@ -283,12 +284,12 @@ def _joined_entries(found: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] 
 
 def _located_layers(by_module: pd.DataFrame | None) -> list[dict[str, Any]]:
     """Each traced step's largest difference from its reference's pass per layer, and at the logits
-    (layer -1: the op that is the logits, harness.run.locate.LOGITS_NAMES or lm_head): how a difference
+    (layer -1: the op that is the logits, harness.core.op_recording.is_logits): how a difference
     grows through the model, a few points per step however many ops were traced."""
     if by_module is None or by_module.empty:
         return []
     frame = by_module.copy()
-    logits = frame["name"].astype(str).str.endswith("lm_head") | frame["name"].isin(["output", "result_output"])
+    logits = frame["name"].astype(str).map(is_logits)
     frame["layer"] = frame["layer"].where(~logits, -1)
     frame = frame.dropna(subset=["layer"])
     frame["trace"] = (frame["setting"].astype(str) + " / " + frame["prompt_id"].astype(str) + ", "

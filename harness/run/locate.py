@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.core.native_preload import flag
+from harness.core.op_recording import is_logits
 from harness.engines.registry import engine_class
 from harness.experiment.matrix import digest, expand
 from harness.results.folder_rows import Results
@@ -65,8 +66,6 @@ STEPS_SCHEMA = pa.schema(_RUN + [
     ("op_parted", pa.string()), ("logits_max_abs_diff", pa.float64()), ("layer0_max_abs_diff", pa.float64()),
     ("finding", pa.string()), ("locator", pa.string()), ("locator_id", pa.string())])
 TRACE_TIMEOUT_S = 1800
-#: the names of the logits' op where it is not a module called lm_head (llama.cpp's graph: result_output)
-LOGITS_NAMES = ("output", "result_output")
 
 
 def _label(cell: Any, keys: list[str]) -> str:
@@ -281,7 +280,7 @@ def _compare_ops(out: Path, index: int, kind: str, found: dict[str, Any]) -> dic
 def _step_record(found: dict[str, Any], setting: str) -> dict[str, Any]:
     """One traced step's record (STEPS_SCHEMA's finding columns)."""
     rows = found.get("rows") or []
-    logits = [r["max_abs_diff"] for r in rows if r["name"].endswith("lm_head") or r["name"] in LOGITS_NAMES]
+    logits = [r["max_abs_diff"] for r in rows if is_logits(r["name"])]
     layer0 = [r["max_abs_diff"] for r in rows if r["layer"] == 0]
     first, before, parted, op = found["first"], found["before"], found["parted"], found.get("op") or {}
     if not found["rebuilt"]:

@@ -202,8 +202,8 @@ class _Watch:
         if self.seen != self.sizes:
             raise Unsupported(f"llama.cpp cut the traced call into ubatches of {self.seen} tokens, not the "
                               f"{self.sizes} the harness expects: the target's column is not known")
-        if self.last is None or self.logits is None or self.last.view(np.uint32).tolist() != \
-                self.logits.view(np.uint32).tolist():
+        if self.last is None or self.logits is None or not np.array_equal(self.last.view(np.uint32),
+                                                                          self.logits.view(np.uint32)):
             raise Unsupported("llama.cpp: the traced graph's last tensor is not the target's logits bitwise: "
                               "the target's column was misread")
         if self.kept_unseen:
